@@ -1,0 +1,98 @@
+"""One client helper: TLS, bearer token, message limits, a deadline on every call, and retry with
+backoff on UNAVAILABLE only (any other status is an answer and is returned at once)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from zerobubble.common.config import ClientConfig
+
+T = TypeVar("T")
+
+
+def _read(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def open_channel(config: ClientConfig) -> grpc.Channel:
+    options = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+    ]
+    tls = config.tls
+    if not tls.enabled:
+        return grpc.insecure_channel(config.address, options=options)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.ca) if tls.ca else None,
+        private_key=_read(tls.key) if tls.key else None,
+        certificate_chain=_read(tls.cert) if tls.cert else None,
+    )
+    return grpc.secure_channel(config.address, credentials, options=options)
+
+
+def retry_unavailable(
+    attempt: Callable[[], T],
+    *,
+    retry_seconds: float,
+    first_backoff: float = 0.05,
+    max_backoff: float = 2.0,
+) -> T:
+    """Call `attempt` until it does not fail with UNAVAILABLE or `retry_seconds` have passed."""
+    give_up = time.monotonic() + retry_seconds
+    backoff = first_backoff
+    while True:
+        try:
+            return attempt()
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            pause = backoff * random.uniform(0.5, 1.0)
+            if time.monotonic() + pause > give_up:
+                raise
+            time.sleep(pause)
+            backoff = min(max_backoff, backoff * 2)
+
+
+class ServiceClient:
+    """Base for the typed clients (RewardClient, ...): owns the channel and the call policy."""
+
+    stub_class: Callable[[grpc.Channel], Any]
+
+    def __init__(self, config: ClientConfig | str):
+        self.config = ClientConfig(address=config) if isinstance(config, str) else config
+        self.channel = open_channel(self.config)
+        self.stub = self.stub_class(self.channel)
+        self.metadata = (("authorization", f"Bearer {self.config.auth_token}"),) if self.config.auth_token else ()
+
+    def unary(self, method: str, request: Any, *, timeout: float | None = None, retry: bool = True) -> Any:
+        """A unary call with a deadline; UNAVAILABLE is retried for `retry_seconds`."""
+        rpc = getattr(self.stub, method)
+        deadline = timeout or self.config.timeout_seconds
+
+        def attempt():
+            return rpc(request, timeout=deadline, metadata=self.metadata)
+
+        return retry_unavailable(attempt, retry_seconds=self.config.retry_seconds if retry else 0)
+
+    def stream(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
+        """A streaming call with a deadline over the whole stream (not retried: it may be half done)."""
+        return getattr(self.stub, method)(
+            request, timeout=timeout or self.config.timeout_seconds, metadata=self.metadata
+        )
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
