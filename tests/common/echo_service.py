@@ -6,7 +6,6 @@ import threading
 import time
 
 import grpc
-
 from zerobubble.common.client import ServiceClient
 
 SERVICE = "test.Echo"

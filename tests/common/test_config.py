@@ -1,5 +1,4 @@
 import pytest
-
 from zerobubble.common.config import ConfigError, ServerConfig, load_config
 from zerobubble.reward.config import RewardServiceConfig
 

@@ -16,7 +16,6 @@ from echo_service import SERVICE, EchoClient, EchoCore, register
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from prometheus_client import Counter
-
 from zerobubble.common.config import ClientConfig, ServerConfig, TLSConfig
 from zerobubble.common.server import ServiceHost
 
@@ -187,7 +186,8 @@ def test_tls_and_mutual_tls(pki):
     host, _ = start(tls=TLSConfig(cert=server_cert, key=server_key, ca=ca_cert, require_client_cert=True))
     address = f"localhost:{host.port}"
     try:
-        with EchoClient(ClientConfig(address=address, tls=TLSConfig(ca=ca_cert, cert=client_cert, key=client_key))) as c:
+        mutual = TLSConfig(ca=ca_cert, cert=client_cert, key=client_key)
+        with EchoClient(ClientConfig(address=address, tls=mutual)) as c:
             assert c.unary("Echo", b"mtls") == b"mtls"
         no_client_cert = ClientConfig(address=address, retry_seconds=0, timeout_seconds=2, tls=TLSConfig(ca=ca_cert))
         with EchoClient(no_client_cert) as c, pytest.raises(grpc.RpcError) as err:

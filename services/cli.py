@@ -1,0 +1,116 @@
+"""The `zerobubble` command."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from zerobubble.common.config import ConfigError, load_config
+from zerobubble.common.logs import setup_logging
+
+SERVICES = ("reward", "buffer", "rollout", "trainer")
+
+
+def _service_module(name: str):
+    try:
+        return importlib.import_module(f"zerobubble.{name}.app")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"zerobubble.{name}.app":
+            raise SystemExit(f"zerobubble: the {name} service is not part of this build yet") from None
+        raise
+
+
+def _overrides(args) -> list[str]:
+    sets = list(args.set or [])
+    if args.listen:
+        sets.append(f"server.listen={args.listen}")
+    if args.metrics_port is not None:
+        sets.append(f"server.metrics_port={args.metrics_port}")
+    return sets
+
+
+def cmd_serve(args) -> int:
+    module = _service_module(args.service)
+    config = load_config(module.CONFIG_SCHEMA, args.config, _overrides(args))
+    app = module.build(config).start()
+    # A line that supervisors and tests can wait for; the port is the bound one when 0 was asked.
+    print(f"{args.service} listening on {app.host.address} metrics {app.host.metrics_port}", flush=True)
+    app.host.run_until_signal(on_stop=app.close)
+    return 0
+
+
+def cmd_score(args) -> int:
+    from zerobubble.reward.cli_score import run_score
+
+    return run_score(args)
+
+
+def cmd_demo(args) -> int:
+    from zerobubble.reward.demo import run_demo
+
+    return run_demo()
+
+
+def cmd_bench(args) -> int:
+    if args.what == "reward":
+        from zerobubble.reward.bench import bench_reward
+
+        figures = bench_reward(items=args.items, programs=args.programs)
+    else:
+        raise SystemExit(f"zerobubble bench: unknown benchmark {args.what!r}")
+    print(json.dumps(figures))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zerobubble", description=__doc__)
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run one service until SIGTERM")
+    serve.add_argument("service", choices=SERVICES)
+    serve.add_argument("--config", type=Path, help="YAML file; fields not given keep their defaults")
+    serve.add_argument("--listen", help="HOST:PORT (server.listen)")
+    serve.add_argument("--metrics-port", type=int, help="Prometheus port (server.metrics_port)")
+    serve.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field, e.g. math.workers=4")
+    serve.set_defaults(run=cmd_serve)
+
+    score = sub.add_parser("score", help="score one completion or a JSONL file of them")
+    score.add_argument("--verifier", default="boxed", help="boxed, think_answer_tags or code")
+    score.add_argument("--gt", help="ground-truth answer (math verifiers)")
+    score.add_argument("--tests", type=Path, help='JSON file {"inputs": [...], "outputs": [...]} (code)')
+    score.add_argument("--response", help="the completion (default: read standard input)")
+    score.add_argument("--file", type=Path, help="JSONL rows {verifier, response, gt_answer | test_cases}")
+    score.add_argument("--json", action="store_true", help="one JSON object per row instead of a table")
+    score.add_argument("--partial-credit", action="store_true", help="code: reward the fraction of tests passed")
+    score.add_argument("--server", help="HOST:PORT of a running reward service (default: start one here)")
+    score.add_argument("--config", type=Path, help="reward service config when none is given by --server")
+    score.add_argument("--timeout", type=float, default=300.0, help="deadline in seconds")
+    score.set_defaults(run=cmd_score)
+
+    demo = sub.add_parser("demo", help="start the reward service and score built-in examples")
+    demo.set_defaults(run=cmd_demo)
+
+    bench = sub.add_parser("bench", help="measure throughput; prints one JSON object as its last line")
+    bench.add_argument("what", choices=["reward"])
+    bench.add_argument("--items", type=int, default=400, help="math items per measurement")
+    bench.add_argument("--programs", type=int, default=40, help="programs per measurement")
+    bench.set_defaults(run=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"zerobubble: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

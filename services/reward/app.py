@@ -1,0 +1,61 @@
+"""Assembles the reward service: worker pool, sandbox, verifiers, scorer, servicer, host."""
+
+from __future__ import annotations
+
+import logging
+
+from zerobubble.common.server import ServiceHost
+from zerobubble.reward.config import RewardServiceConfig
+from zerobubble.reward.math_pool import MathVerifierPool
+from zerobubble.reward.metrics import RewardMetrics
+from zerobubble.reward.sandbox import CodeSandbox
+from zerobubble.reward.scorer import RewardScorer
+from zerobubble.reward.servicer import RewardServicer
+from zerobubble.reward.verifiers import CodeVerifier, boxed_verifier, think_answer_verifier
+from zerobubble.v1 import reward_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+CONFIG_SCHEMA = RewardServiceConfig
+
+
+class RewardApp:
+    def __init__(self, config: RewardServiceConfig):
+        self.config = config
+        self.host = ServiceHost("reward", config.server)
+        self.pool = MathVerifierPool(config.math.workers, config.math.timeout_seconds)
+        self.sandbox = CodeSandbox(config.sandbox)
+        verifiers = {v.name: v for v in (boxed_verifier(self.pool), think_answer_verifier(self.pool))}
+        unavailable = {}
+        isolation = self.sandbox.isolation
+        if isolation.full or not config.sandbox.require_isolation:
+            verifiers["code"] = CodeVerifier(self.sandbox)
+            if not isolation.full:
+                log.warning("code runs with reduced isolation: %s", isolation.reason)
+        else:
+            unavailable["code"] = f"code sandbox unavailable: {isolation.reason}"
+            log.warning("%s; the code verifier is off (sandbox.require_isolation)", unavailable["code"])
+        metrics = RewardMetrics(self.host.registry)
+        metrics.expose({
+            "zerobubble_reward_sandbox_kills": ("program trees killed by the sandbox", lambda: self.sandbox.kills),
+            "zerobubble_reward_math_worker_replacements": ("math workers replaced after a hang or crash",
+                                                           lambda: self.pool.replaced),
+        })
+        self.scorer = RewardScorer(config, verifiers, metrics, unavailable)
+        window = 2 * (config.math.workers + config.sandbox.slots)
+        self.host.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, RewardServicer(self.scorer, window),
+                      "zerobubble.v1.RewardService")
+
+    def start(self) -> RewardApp:
+        self.pool.wait_ready()
+        self.host.start()
+        return self
+
+    def close(self, grace: float | None = None) -> None:
+        self.host.stop(grace)
+        self.scorer.close()
+        self.pool.close()
+
+
+def build(config: RewardServiceConfig) -> RewardApp:
+    return RewardApp(config)

@@ -1,0 +1,66 @@
+"""The reward service's configuration schema (all defaults are here)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from zerobubble.common.config import Schema, ServerConfig
+
+
+class RewardValues(Schema):
+    """What a verdict is worth. The reference (Colossal-RL) uses correct=10, wrong=0."""
+
+    correct: float = 1.0
+    wrong: float = 0.0
+
+
+class MathConfig(Schema):
+    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0,
+                         description="verification processes (default: one per core)")
+    timeout_seconds: float = Field(5.0, gt=0, description="per-item limit; the worker is replaced after it")
+
+
+class SandboxConfig(Schema):
+    """Limits and isolation for running submitted programs (see README, 'Code sandbox')."""
+
+    python: str = Field("python3", description="interpreter that runs submitted programs")
+    workdir_root: Path | None = Field(None, description="where fresh working directories are made")
+    slots: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0,
+                       description="programs run at once; each slot has its own user id")
+    uid_base: int = Field(61000, ge=1000, description="slot i runs as uid/gid uid_base + i")
+    wall_seconds: float = Field(10.0, gt=0)
+    cpu_seconds: int = Field(10, gt=0)
+    memory_bytes: int = Field(512 * 1024 * 1024, gt=0, description="address-space limit")
+    max_processes: int = Field(16, gt=0, description="processes the slot's user may own")
+    max_file_bytes: int = Field(16 * 1024 * 1024, ge=0, description="largest file it may write")
+    max_output_bytes: int = Field(1024 * 1024, gt=0, description="stdout and stderr are cut (and the run "
+                                  "killed) past this")
+    max_open_files: int = Field(64, gt=3)
+    require_isolation: bool = Field(True, description="refuse to run code when namespaces or a separate "
+                                    "user cannot be had, instead of running with less isolation")
+
+
+class LimitsConfig(Schema):
+    max_response_chars: int = Field(256 * 1024, gt=0)
+    max_answer_chars: int = Field(16 * 1024, gt=0)
+    max_test_cases: int = Field(256, gt=0)
+    max_test_bytes: int = Field(16 * 1024 * 1024, gt=0, description="all inputs and outputs of one request")
+    max_batch_items: int = Field(4096, gt=0)
+    max_pending_items: int = Field(8192, gt=0, description="items accepted but not finished; beyond "
+                                   "this new work is refused with RESOURCE_EXHAUSTED")
+
+
+class RewardServiceConfig(Schema):
+    server: ServerConfig = ServerConfig(listen="127.0.0.1:50052")
+    rewards: RewardValues = RewardValues()
+    math: MathConfig = Field(default_factory=MathConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    limits: LimitsConfig = LimitsConfig()
+
+    @model_validator(mode="after")
+    def _rewards_ordered(self) -> RewardServiceConfig:
+        if self.rewards.correct < self.rewards.wrong:
+            raise ValueError("rewards.correct must not be below rewards.wrong")
+        return self

@@ -1,0 +1,73 @@
+"""RewardServicer: translates protobuf messages to the RewardScorer core and back."""
+
+from __future__ import annotations
+
+from zerobubble.common.status import translate_errors
+from zerobubble.reward.scorer import RewardScorer, Score
+from zerobubble.reward.verifiers import ScoreItem
+from zerobubble.v1 import reward_pb2, reward_pb2_grpc
+
+
+def to_item(request: reward_pb2.ScoreRequest) -> ScoreItem:
+    has_tests = request.HasField("test_cases")
+    return ScoreItem(
+        id=request.id,
+        verifier=request.verifier,
+        response=request.response,
+        gt_answer=request.gt_answer if request.HasField("gt_answer") else None,
+        test_inputs=list(request.test_cases.inputs) if has_tests else None,
+        test_outputs=list(request.test_cases.outputs) if has_tests else None,
+        partial_credit=request.options.partial_credit,
+    )
+
+
+def to_result(score: Score) -> reward_pb2.ScoreResult:
+    verdict = score.verdict
+    return reward_pb2.ScoreResult(
+        id=score.id,
+        reward=score.reward,
+        format_ok=verdict.format_ok,
+        answer_ok=verdict.answer_ok,
+        extracted_answer=verdict.extracted,
+        reason=verdict.reason,
+        tests_passed=verdict.tests_passed,
+        tests_total=verdict.tests_total,
+        seconds=score.seconds,
+    )
+
+
+class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
+    def __init__(self, scorer: RewardScorer, stream_window: int):
+        self.scorer = scorer
+        self.stream_window = stream_window
+
+    @translate_errors
+    def Score(self, request, context):
+        return to_result(self.scorer.score(to_item(request)))
+
+    @translate_errors
+    def ScoreBatch(self, request, context):
+        scores = self.scorer.score_batch([to_item(r) for r in request.items])
+        return reward_pb2.ScoreBatchReply(results=[to_result(s) for s in scores])
+
+    @translate_errors
+    def ScoreStream(self, request_iterator, context):
+        items = (to_item(r) for r in request_iterator)
+        for score in self.scorer.score_stream(items, window=self.stream_window):
+            yield to_result(score)
+
+    def ListVerifiers(self, request, context):
+        scorer = self.scorer
+        infos = [
+            reward_pb2.VerifierInfo(name=v.name, description=v.description, ground_truth=v.ground_truth,
+                                    available=True)
+            for v in scorer.verifiers.values()
+        ]
+        infos += [
+            reward_pb2.VerifierInfo(name=name, available=False, unavailable_reason=why)
+            for name, why in scorer.unavailable.items()
+        ]
+        rewards = scorer.config.rewards
+        return reward_pb2.ListVerifiersReply(
+            verifiers=infos, correct_reward=rewards.correct, wrong_reward=rewards.wrong
+        )

@@ -1,0 +1,363 @@
+"""The code sandbox, in-process: verdicts, limits, and hostile programs that must score 0 and leave nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from zerobubble.reward.config import SandboxConfig
+from zerobubble.reward.sandbox import CodeSandbox, Isolation, SandboxUnavailable
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs programs under their own "
+                                "uids, which needs root")
+
+# Slot uids differ between concurrent test runs (xdist workers, two checkouts), whose leftover checks
+# would otherwise see each other's programs.
+LIMITS = {"slots": 2, "uid_base": 62000 + 2 * (os.getpid() % 1000), "wall_seconds": 3.0, "cpu_seconds": 2,
+          "memory_bytes": 256 * 1024 * 1024, "max_processes": 16, "max_file_bytes": 1024 * 1024,
+          "max_output_bytes": 64 * 1024}
+ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
+
+
+@pytest.fixture
+def make_sandbox(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+
+    def make(**changes) -> CodeSandbox:
+        return CodeSandbox(SandboxConfig(**(LIMITS | {"workdir_root": runs} | changes)))
+
+    return make
+
+
+@pytest.fixture
+def sandbox(make_sandbox) -> CodeSandbox:
+    sandbox = make_sandbox()
+    if not sandbox.isolation.full:
+        pytest.skip(f"no full isolation on this machine: {sandbox.isolation.reason}")
+    return sandbox
+
+
+@pytest.fixture
+def open_dir():
+    """A root-owned, world-writable directory that every user can reach (unlike pytest's tmp_path)."""
+    path = Path(tempfile.mkdtemp(prefix="zb-sandbox-test-", dir="/tmp"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path)
+
+
+def slot_processes(sandbox: CodeSandbox, *, zombies: bool = True) -> list[str]:
+    """Processes in which any uid (real, effective, saved, filesystem) is one of the sandbox's slot uids."""
+    uids = {str(sandbox.config.uid_base + slot) for slot in range(sandbox.config.slots)}
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+        except OSError:
+            continue  # it exited meanwhile
+        if uids & set(fields["Uid"].split()) and (zombies or not fields["State"].strip().startswith("Z")):
+            found.append(status.parent.name)
+    return found
+
+
+def assert_still_works(sandbox: CodeSandbox) -> None:
+    report = sandbox.run_tests(ADD, ["2 3"], ["5"], stop_at_first_failure=True)
+    assert (report.passed, report.status) == (1, "ok")
+
+
+def test_the_isolation_is_full_here(make_sandbox):
+    assert make_sandbox().isolation == Isolation(namespaces=True, separate_user=True, reason="")
+
+
+def test_correct_program_passes(sandbox):
+    report = sandbox.run_tests(ADD, ["1 2", "10 -4"], ["3", "6"], stop_at_first_failure=False)
+    assert (report.passed, report.total, report.status) == (2, 2, "ok")
+
+
+def test_wrong_output_fails(sandbox):
+    report = sandbox.run_tests("print(4)", ["1 2", "2 2"], ["3", "4"], stop_at_first_failure=False)
+    assert (report.passed, report.total, report.status) == (1, 2, "wrong_answer")
+
+
+def test_stop_at_first_failure_stops(sandbox):
+    inputs, outputs = ["1 1", "1 2", "2 2"], ["0", "3", "4"]
+    stopped = sandbox.run_tests(ADD, inputs, outputs, stop_at_first_failure=True)
+    assert (stopped.passed, stopped.total, stopped.status) == (0, 3, "wrong_answer")
+    full = sandbox.run_tests(ADD, inputs, outputs, stop_at_first_failure=False)
+    assert (full.passed, full.total) == (2, 3)
+
+
+def test_trailing_whitespace_is_ignored_but_not_inner(sandbox):
+    source = 'print("1 2   ")\nprint("x\\t")\nprint()\nprint("  ")\n'
+    assert sandbox.run_tests(source, [""], ["1 2\nx"], stop_at_first_failure=True).passed == 1
+    assert sandbox.run_tests(source, [""], ["1  2\nx"], stop_at_first_failure=True).passed == 0
+
+
+def test_runtime_error(sandbox):
+    result = sandbox.run("raise ValueError('boom')", "")
+    assert (result.status, result.exit_code) == ("runtime_error", 1)
+    assert "ValueError: boom" in result.stderr
+    assert sandbox.run_tests("raise SystemExit(3)", [""], [""], stop_at_first_failure=True).status == \
+        "runtime_error"
+
+
+def test_large_stdin_is_fed_whole(sandbox):
+    data = "".join(f"{i}\n" for i in range(160_000))
+    assert len(data) > 1_000_000
+    source = "import sys, hashlib\nd = sys.stdin.buffer.read()\nprint(len(d), hashlib.sha256(d).hexdigest())"
+    result = sandbox.run(source, data)
+    assert result.status == "ok"
+    assert result.stdout.split() == [str(len(data)), hashlib.sha256(data.encode()).hexdigest()]
+
+
+def test_program_runs_as_a_slot_user_in_a_clean_environment(sandbox):
+    source = "import os\nprint(os.getuid(), os.getgid(), os.getgroups())\nprint(*sorted(os.environ))"
+    ids, environment = sandbox.run(source, "").stdout.splitlines()
+    uid, gid, groups = ids.split(maxsplit=2)
+    assert int(uid) in range(sandbox.config.uid_base, sandbox.config.uid_base + 2)
+    assert gid == uid and groups == "[]"
+    assert set(environment.split()) <= {"PATH", "LANG", "HOME", "PYTHONDONTWRITEBYTECODE", "LC_CTYPE"}
+
+
+def test_workdir_is_writable_bounded_and_removed(sandbox, tmp_path):
+    source = """
+import os
+with open("data.txt", "w") as f:
+    f.write("kept")
+print(open("data.txt").read())
+written = 0
+try:
+    for i in range(10):
+        with open(f"big{i}", "wb") as f:
+            f.write(bytes(512 * 1024))
+        written += 1
+except OSError as exc:
+    print("stopped after", written, exc.errno)
+"""
+    result = sandbox.run(source, "")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "kept"
+    assert lines[1].startswith("stopped after") and int(lines[1].split()[2]) <= 2  # a 1 MiB tmpfs
+    sandbox.run("import time\ntime.sleep(10)", "")
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_bounded_fork_bomb_is_contained(sandbox):
+    source = """
+import os, time
+spawned = 0
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    spawned += 1
+print("spawned", spawned)
+"""
+    started = time.monotonic()
+    report = sandbox.run_tests(source, [""], ["spawned 200"], stop_at_first_failure=True)
+    assert report.passed == 0
+    assert time.monotonic() - started < sandbox.config.wall_seconds + 2
+    assert slot_processes(sandbox) == []
+    assert_still_works(sandbox)
+
+
+def test_endless_loops_hit_the_time_limits(sandbox):
+    kills = sandbox.kills
+    started = time.monotonic()
+    sleeper = sandbox.run("import time\ntime.sleep(100)", "")  # no CPU used: the wall clock stops it
+    assert sleeper.status == "time_limit"
+    assert sandbox.config.wall_seconds <= time.monotonic() - started < sandbox.config.wall_seconds + 1.5
+    assert sandbox.kills == kills + 1
+    spinner = sandbox.run_tests("while True:\n    pass", [""], [""], stop_at_first_failure=True)
+    assert (spinner.passed, spinner.status) == (0, "time_limit")
+    assert_still_works(sandbox)
+
+
+def test_memory_hog_is_stopped(sandbox):
+    source = "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))"
+    result = sandbox.run(source, "")
+    assert result.status == "memory_limit"
+    assert sandbox.run_tests(source, [""], [""], stop_at_first_failure=True).passed == 0
+    assert_still_works(sandbox)
+
+
+def test_nothing_can_be_written_outside_the_workdir(sandbox, open_dir):
+    token = uuid.uuid4().hex
+    targets = [open_dir / token, Path("/tmp") / token, Path("/dev/shm") / token]
+    source = f"""
+written = 0
+for path in {[str(p) for p in targets]!r}:
+    try:
+        with open(path, "w") as f:
+            f.write("escaped")
+        written += 1
+    except OSError:
+        pass
+print(written)
+"""
+    try:
+        report = sandbox.run_tests(source, [""], [str(len(targets))], stop_at_first_failure=True)
+        assert report.passed == 0
+        assert [p for p in targets if p.exists()] == []
+    finally:
+        for path in targets:
+            path.unlink(missing_ok=True)
+
+
+def test_no_network_not_even_loopback(sandbox):
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        source = f"""
+import socket
+import subprocess
+import sys
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+    print("connected")
+except OSError:
+    pass
+"""
+        report = sandbox.run_tests(source, [""], ["connected"], stop_at_first_failure=True)
+        assert report.passed == 0
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+
+
+def test_the_service_environment_does_not_leak(sandbox, monkeypatch):
+    secret = f"zb-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("ZB_SECRET_TEST", secret)
+    source = """
+import glob, os
+found = {v for v in os.environ.values() if v.startswith("zb-secret-")}
+for path in [f"/proc/{os.getppid()}/environ", "/proc/1/environ", *glob.glob("/proc/*/environ")]:
+    try:
+        data = open(path, "rb").read().decode(errors="replace")
+    except OSError:
+        continue
+    found |= {item.partition("=")[2] for item in data.split("\\0") if "=zb-secret-" in item}
+print("\\n".join(sorted(found)))
+"""
+    assert sandbox.run_tests(source, [""], [secret], stop_at_first_failure=True).passed == 0
+    assert secret not in sandbox.run(source, "").stdout
+
+
+def test_files_only_root_may_read_stay_unread(sandbox, open_dir):
+    open_dir.chmod(0o755)
+    secret = f"zb-secret-{uuid.uuid4().hex}"
+    path = open_dir / "secret.txt"
+    path.write_text(secret)
+    path.chmod(0o600)
+    report = sandbox.run_tests(f"print(open({str(path)!r}).read())", [""], [secret], stop_at_first_failure=True)
+    assert report.passed == 0
+
+
+def test_killing_the_parent_changes_nothing(sandbox):
+    source = """
+import os
+done = []
+for name, kill in [("parent", lambda: os.kill(os.getppid(), 9)), ("everyone", lambda: os.kill(-1, 9)),
+                   ("group", lambda: os.killpg(os.getpgid(os.getppid()), 9))]:
+    try:
+        kill()
+        done.append(name)
+    except OSError:
+        pass
+print(*done)
+"""
+    report = sandbox.run_tests(source, [""], ["parent everyone group"], stop_at_first_failure=True)
+    assert report.passed == 0
+    assert slot_processes(sandbox) == []
+    assert_still_works(sandbox)
+
+
+def test_a_gigabyte_of_output_is_cut_short(sandbox):
+    source = 'import sys\nchunk = "x" * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(chunk)'
+    kills = sandbox.kills
+    result = sandbox.run(source, "")
+    assert result.status == "output_limit"
+    assert result.seconds < 2
+    assert len(result.stdout) <= sandbox.config.max_output_bytes
+    assert sandbox.kills == kills + 1
+    assert_still_works(sandbox)
+
+
+def test_concurrent_runs_all_succeed(sandbox):
+    results = {}
+
+    def run(i: int) -> None:
+        results[i] = sandbox.run("import time\ntime.sleep(0.3)\nprint(int(input()) * 2)", str(i))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {i: (r.status, r.stdout) for i, r in results.items()} == {i: ("ok", f"{2 * i}\n") for i in range(4)}
+
+
+def test_without_isolation_runs_are_refused(sandbox):
+    sandbox.isolation = Isolation(namespaces=False, separate_user=True, reason="namespaces refused (test)")
+    with pytest.raises(SandboxUnavailable, match="namespaces refused"):
+        sandbox.run("print(1)", "")
+
+
+def test_degraded_mode_still_limits_and_cleans_up(make_sandbox, open_dir):
+    # Without a mount namespace the program runs in the workdir itself, which its user must reach.
+    sandbox = make_sandbox(require_isolation=False, workdir_root=open_dir)
+    sandbox.isolation = Isolation(namespaces=False, separate_user=True, reason="namespaces refused (test)")
+    assert_still_works(sandbox)
+    source = """
+import os, time
+for _ in range(200):
+    if os.fork() == 0:
+        time.sleep(30)
+        os._exit(0)
+"""
+    assert sandbox.run(source, "").status == "runtime_error"  # stopped by the process limit
+    # The killed orphans belong to the host's init now, which may take a while to reap them.
+    assert slot_processes(sandbox, zombies=False) == []
+    assert sandbox.run("while True:\n    pass", "").status == "time_limit"
+
+
+REFUSED = """
+import sys
+from zerobubble.reward.config import SandboxConfig
+from zerobubble.reward.sandbox import CodeSandbox, SandboxUnavailable
+strict = CodeSandbox(SandboxConfig(slots=1, workdir_root=sys.argv[1]))
+print(strict.isolation)
+try:
+    strict.run("print(1)", "")
+except SandboxUnavailable:
+    print("refused")
+print(CodeSandbox(SandboxConfig(slots=1, workdir_root=sys.argv[1], require_isolation=False)).run("print(1)", ""))
+"""
+
+
+def test_refused_namespaces_are_reported_and_runs_refused(tmp_path):
+    # In a fresh user namespace without a uid mapping the service is not root and unshare is refused.
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("util-linux unshare is not installed")
+    result = subprocess.run([unshare, "--user", sys.executable, "-c", REFUSED, str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    isolation, refused, degraded = result.stdout.splitlines()
+    assert isolation.startswith("Isolation(namespaces=False, separate_user=False, reason='mount namespace: ")
+    assert "not running as root" in isolation
+    assert refused == "refused"
+    assert degraded.startswith("RunResult(status='ok', exit_code=0, stdout='1\\n'")
