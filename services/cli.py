@@ -35,10 +35,11 @@ def _overrides(args) -> list[str]:
 def cmd_serve(args) -> int:
     module = _service_module(args.service)
     config = load_config(module.CONFIG_SCHEMA, args.config, _overrides(args))
-    app = module.build(config).start()
-    # A line that supervisors and tests can wait for; the port is the bound one when 0 was asked.
-    print(f"{args.service} listening on {app.host.address} metrics {app.host.metrics_port}", flush=True)
-    app.host.run_until_signal(on_stop=app.close)
+    host = module.build(config).start()
+    # One JSON line that supervisors and tests wait for; it gives the bound port when 0 was asked.
+    print(json.dumps({"service": args.service, "address": host.address, "metrics_port": host.metrics_port}),
+          flush=True)
+    host.run_until_signal()
     return 0
 
 
@@ -60,7 +61,9 @@ def cmd_bench(args) -> int:
 
         figures = bench_reward(items=args.items, programs=args.programs)
     else:
-        raise SystemExit(f"zerobubble bench: unknown benchmark {args.what!r}")
+        from zerobubble.buffer.bench import bench_transport
+
+        figures = bench_transport(scale=args.scale, fsync=args.fsync, workdir=args.workdir)
     print(json.dumps(figures))
     return 0
 
@@ -95,9 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=cmd_demo)
 
     bench = sub.add_parser("bench", help="measure throughput; prints one JSON object as its last line")
-    bench.add_argument("what", choices=["reward"])
-    bench.add_argument("--items", type=int, default=400, help="math items per measurement")
-    bench.add_argument("--programs", type=int, default=40, help="programs per measurement")
+    bench.add_argument("what", choices=["reward", "transport"])
+    bench.add_argument("--items", type=int, default=400, help="reward: math items per measurement")
+    bench.add_argument("--programs", type=int, default=40, help="reward: programs per measurement")
+    bench.add_argument("--scale", type=float, default=1.0, help="transport: fraction of the default group counts")
+    bench.add_argument("--fsync", default="interval", choices=["always", "interval", "never"],
+                       help="transport: the buffer's write-ahead-log fsync policy")
+    bench.add_argument("--workdir", type=Path, help="transport: where the buffer keeps its log (default: a temp dir)")
     bench.set_defaults(run=cmd_bench)
     return parser
 

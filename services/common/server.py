@@ -130,7 +130,8 @@ class ServiceHost:
         return self
 
     def stop(self, grace: float | None = None) -> None:
-        """Stop accepting calls, let in-flight ones finish within the grace period, then close."""
+        """Stop accepting calls, let in-flight ones finish within the grace period, then close.
+        Services that own more (worker pools, logs) extend this to close it after the server."""
         if self._stopped.is_set():
             return
         self._stopped.set()
@@ -141,8 +142,8 @@ class ServiceHost:
             self._metrics_server.server_close()
         log.info("%s stopped", self.name)
 
-    def run_until_signal(self, on_stop: Callable[[], None] | None = None) -> None:
-        """Serve until SIGTERM or SIGINT (main thread only)."""
+    def run_until_signal(self) -> None:
+        """Serve until SIGTERM or SIGINT (main thread only), then stop gracefully."""
         received = threading.Event()
 
         def handle(signum, _frame):
@@ -154,5 +155,3 @@ class ServiceHost:
         while not received.wait(0.5):
             pass
         self.stop()
-        if on_stop is not None:
-            on_stop()

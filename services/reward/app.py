@@ -19,10 +19,12 @@ log = logging.getLogger(__name__)
 CONFIG_SCHEMA = RewardServiceConfig
 
 
-class RewardApp:
+class RewardHost(ServiceHost):
+    """A ServiceHost that also owns the worker pool and sandbox: stopping it stops them too."""
+
     def __init__(self, config: RewardServiceConfig):
-        self.config = config
-        self.host = ServiceHost("reward", config.server)
+        super().__init__("reward", config.server)
+        self.reward_config = config
         self.pool = MathVerifierPool(config.math.workers, config.math.timeout_seconds)
         self.sandbox = CodeSandbox(config.sandbox)
         verifiers = {v.name: v for v in (boxed_verifier(self.pool), think_answer_verifier(self.pool))}
@@ -35,7 +37,7 @@ class RewardApp:
         else:
             unavailable["code"] = f"code sandbox unavailable: {isolation.reason}"
             log.warning("%s; the code verifier is off (sandbox.require_isolation)", unavailable["code"])
-        metrics = RewardMetrics(self.host.registry)
+        metrics = RewardMetrics(self.registry)
         metrics.expose({
             "zerobubble_reward_sandbox_kills": ("program trees killed by the sandbox", lambda: self.sandbox.kills),
             "zerobubble_reward_math_worker_replacements": ("math workers replaced after a hang or crash",
@@ -43,19 +45,19 @@ class RewardApp:
         })
         self.scorer = RewardScorer(config, verifiers, metrics, unavailable)
         window = 2 * (config.math.workers + config.sandbox.slots)
-        self.host.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, RewardServicer(self.scorer, window),
+        self.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, RewardServicer(self.scorer, window),
                       "zerobubble.v1.RewardService")
 
-    def start(self) -> RewardApp:
+    def start(self) -> RewardHost:
         self.pool.wait_ready()
-        self.host.start()
-        return self
+        return super().start()
 
-    def close(self, grace: float | None = None) -> None:
-        self.host.stop(grace)
+    def stop(self, grace: float | None = None) -> None:
+        super().stop(grace)
         self.scorer.close()
         self.pool.close()
 
 
-def build(config: RewardServiceConfig) -> RewardApp:
-    return RewardApp(config)
+def build(config: RewardServiceConfig) -> RewardHost:
+    """The reward service, not yet started (call `start()`)."""
+    return RewardHost(config)

@@ -8,6 +8,7 @@ import sys
 import grpc
 from rich.console import Console
 from rich.table import Table
+
 from zerobubble.reward.client import score_request
 from zerobubble.reward.local import reward_client
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from pydantic import Field, model_validator
+
 from zerobubble.common.config import Schema, ServerConfig
 
 

@@ -23,7 +23,7 @@ def reward_client(server: str | None = None, config: Path | None = None, overrid
                                                          "server.metrics_port=null", *(overrides or [])])
     app = build(settings).start()
     try:
-        with RewardClient(ClientConfig(address=app.host.address, timeout_seconds=timeout)) as client:
+        with RewardClient(ClientConfig(address=app.address, timeout_seconds=timeout)) as client:
             yield client
     finally:
-        app.close(grace=1.0)
+        app.stop(grace=1.0)

@@ -6,6 +6,7 @@ import threading
 import time
 
 import grpc
+
 from zerobubble.common.client import ServiceClient
 
 SERVICE = "test.Echo"

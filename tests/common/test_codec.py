@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 import torch
+
 from zerobubble.common.codec import decode_array, encode_array, to_torch
 from zerobubble.common.errors import InvalidInput
 from zerobubble.v1 import common_pb2

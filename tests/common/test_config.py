@@ -1,4 +1,5 @@
 import pytest
+
 from zerobubble.common.config import ConfigError, ServerConfig, load_config
 from zerobubble.reward.config import RewardServiceConfig
 

@@ -16,6 +16,7 @@ from echo_service import SERVICE, EchoClient, EchoCore, register
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from prometheus_client import Counter
+
 from zerobubble.common.config import ClientConfig, ServerConfig, TLSConfig
 from zerobubble.common.server import ServiceHost
 

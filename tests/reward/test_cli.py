@@ -19,15 +19,15 @@ def run(*args, stdin=None, timeout=120):
     return subprocess.run([*ZB, *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def test_score_one_from_stdin(reward_app):
-    done = run("score", "--server", reward_app.host.address, "--verifier", "boxed", "--gt", "1/2", "--json",
+def test_score_one_from_stdin(reward_host):
+    done = run("score", "--server", reward_host.address, "--verifier", "boxed", "--gt", "1/2", "--json",
                stdin="so \\boxed{0.5}")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result == {"reward": 1.0, "format_ok": True, "answer_ok": True, "extracted_answer": "0.5", "reason": ""}
 
 
-def test_score_file_json_and_table(reward_app, tmp_path):
+def test_score_file_json_and_table(reward_host, tmp_path):
     rows = [
         {"verifier": "boxed", "response": "\\boxed{3}", "gt_answer": "3"},
         {"verifier": "think_answer_tags", "response": "<think>x</think><answer>4</answer>", "gt_answer": "5"},
@@ -36,12 +36,12 @@ def test_score_file_json_and_table(reward_app, tmp_path):
     ]
     path = tmp_path / "rows.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    done = run("score", "--file", str(path), "--json", "--server", reward_app.host.address)
+    done = run("score", "--file", str(path), "--json", "--server", reward_host.address)
     assert done.returncode == 0, done.stderr
     results = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["answer_ok"] for r in results] == [True, False, True]
     assert results[2]["tests_passed"] == 1
-    table = run("score", "--file", str(path), "--server", reward_app.host.address)
+    table = run("score", "--file", str(path), "--server", reward_host.address)
     assert table.returncode == 0 and "think_answer_tags" in table.stdout and "3 scored" in table.stdout
 
 
@@ -53,13 +53,13 @@ def test_score_without_server_starts_one(tmp_path):
     assert json.loads(done.stdout)["answer_ok"] is True
 
 
-def test_score_bad_input_is_explained(reward_app, tmp_path):
+def test_score_bad_input_is_explained(reward_host, tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"verifier": "boxed", "response": "x", "gt_answer": "1"}\nnot json\n')
-    done = run("score", "--file", str(path), "--server", reward_app.host.address)
+    done = run("score", "--file", str(path), "--server", reward_host.address)
     assert done.returncode != 0 and "line 2: not JSON" in done.stderr
     path.write_text(json.dumps({"verifier": "nope", "response": "x", "gt_answer": "1"}))
-    done = run("score", "--file", str(path), "--server", reward_app.host.address)
+    done = run("score", "--file", str(path), "--server", reward_host.address)
     assert done.returncode == 2 and "INVALID_ARGUMENT" in done.stderr and "unknown verifier 'nope'" in done.stderr
 
 
@@ -73,8 +73,8 @@ def test_serve_finishes_in_flight_calls_on_sigterm():
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        assert "reward listening on" in line, proc.stderr.read()
-        address = line.split()[3]
+        assert line, proc.stderr.read()
+        address = json.loads(line)["address"]
         outcome = {}
         slow = "```python\nimport time\ntime.sleep(1.5)\nprint('done')\n```"
 

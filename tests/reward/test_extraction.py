@@ -1,4 +1,5 @@
 import pytest
+
 from zerobubble.reward.extraction import extract_boxed, extract_python, extract_think_answer, last_boxed
 
 

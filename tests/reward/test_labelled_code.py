@@ -4,7 +4,8 @@ import json
 from fractions import Fraction
 
 import pytest
-from conftest import start_reward
+from reward_helpers import start_reward
+
 from zerobubble.reward.client import RewardClient, score_request
 
 
@@ -12,9 +13,9 @@ from zerobubble.reward.client import RewardClient, score_request
 def roomy_reward():
     # One labelled solution needs ~5 s on a test; give programs room so only wrong ones fail.
     app = start_reward(**{"sandbox.wall_seconds": 30.0, "sandbox.cpu_seconds": 30, "math.workers": 1})
-    with RewardClient(app.host.address) as client:
+    with RewardClient(app.address) as client:
         yield client
-    app.close(grace=0)
+    app.stop(grace=0)
 
 
 def test_code_cases(shared_data, roomy_reward):

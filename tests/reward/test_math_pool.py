@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+
 from zerobubble.reward.math_judge import judge, wrap_gold
 from zerobubble.reward.math_pool import MathVerifierPool
 

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from zerobubble.reward.config import SandboxConfig
 from zerobubble.reward.sandbox import CodeSandbox, Isolation, SandboxUnavailable
 

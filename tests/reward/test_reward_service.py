@@ -6,8 +6,9 @@ import urllib.request
 
 import grpc
 import pytest
-from conftest import start_reward
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from reward_helpers import start_reward
+
 from zerobubble.common.config import ClientConfig
 from zerobubble.reward.client import RewardClient, score_request
 from zerobubble.reward.examples import EXAMPLES
@@ -39,12 +40,12 @@ def test_score_fields(reward):
 def test_reference_reward_values():
     app = start_reward(**{"rewards.correct": 10.0, "sandbox.slots": 1, "math.workers": 1})
     try:
-        with RewardClient(app.host.address) as client:
+        with RewardClient(app.address) as client:
             assert client.score("boxed", "\\boxed{4}", "4").reward == 10.0
             assert client.score("boxed", "\\boxed{5}", "4").reward == 0.0
             assert client.list_verifiers().correct_reward == 10.0
     finally:
-        app.close(grace=0)
+        app.stop(grace=0)
 
 
 def test_code_partial_credit(reward):
@@ -112,7 +113,7 @@ def test_overload_is_refused_promptly():
     app = start_reward(**{"limits.max_pending_items": 2, "sandbox.slots": 1, "math.workers": 1})
     slow = score_request("code", _code("import time\ntime.sleep(1.5)"), test_cases={"inputs": [""], "outputs": [""]})
     try:
-        with RewardClient(ClientConfig(address=app.host.address, retry_seconds=0)) as client:
+        with RewardClient(ClientConfig(address=app.address, retry_seconds=0)) as client:
             holders = [threading.Thread(target=client.unary, args=("Score", slow)) for _ in range(2)]
             for holder in holders:
                 holder.start()
@@ -128,15 +129,15 @@ def test_overload_is_refused_promptly():
                 holder.join()
             assert client.score("boxed", "\\boxed{1}", "1").answer_ok
     finally:
-        app.close(grace=0)
+        app.stop(grace=0)
 
 
-def test_reflection_and_metrics(reward_app, reward):
+def test_reflection_and_metrics(reward_host, reward):
     reward.score("boxed", "\\boxed{2}", "2")
     reward.score("boxed", "no box", "2")
-    services = ProtoReflectionDescriptorDatabase(grpc.insecure_channel(reward_app.host.address)).get_services()
+    services = ProtoReflectionDescriptorDatabase(grpc.insecure_channel(reward_host.address)).get_services()
     assert "zerobubble.v1.RewardService" in services
-    body = urllib.request.urlopen(f"http://127.0.0.1:{reward_app.host.metrics_port}/metrics", timeout=5).read()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{reward_host.metrics_port}/metrics", timeout=5).read()
     text = body.decode()
     assert 'zerobubble_reward_items_total{outcome="correct",verifier="boxed"}' in text
     assert 'zerobubble_reward_items_total{outcome="no_answer",verifier="boxed"}' in text

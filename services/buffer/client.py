@@ -1,0 +1,68 @@
+"""Typed client of the buffer service, for rollout workers, the trainer and tools."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from zerobubble.common.client import ServiceClient
+from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
+
+
+@dataclass
+class PullResult:
+    groups: list[buffer_pb2.PulledGroup]
+    end_of_data: bool
+
+    @property
+    def last_delivery(self) -> int:
+        return max((g.delivery for g in self.groups), default=0)
+
+
+class BufferClient(ServiceClient):
+    stub_class = buffer_pb2_grpc.BufferServiceStub
+
+    def lease(self, worker_id: str, count: int, *, timeout: float | None = None) -> buffer_pb2.LeaseReply:
+        return self.unary("LeasePrompts", buffer_pb2.LeaseRequest(worker_id=worker_id, count=count),
+                          timeout=timeout)
+
+    def complete(self, lease_id: str, prompt_ids: Sequence[str] = (), *,
+                 timeout: float | None = None) -> None:
+        """Finish prompts of a lease (all when none are named); those without a group go back to the queue."""
+        self.unary("CompleteLease", buffer_pb2.CompleteLeaseRequest(lease_id=lease_id, prompt_ids=prompt_ids),
+                   timeout=timeout)
+
+    def push(
+        self, groups: Iterable[common_pb2.ExperienceGroup], *, timeout: float | None = None
+    ) -> Iterator[buffer_pb2.PushAck]:
+        """One ack per group, in order. The stream is not retried: resend what was not acknowledged
+        (same producer_id and sequence) on a new one, and it is stored once."""
+        return self.stream("PushExperience", iter(groups), timeout=timeout)
+
+    def pull(
+        self, rank: int, world_size: int, max_groups: int, *, wait_seconds: float = 0.0,
+        trainer_id: str = "", timeout: float | None = None,
+    ) -> PullResult:
+        request = buffer_pb2.PullRequest(rank=rank, world_size=world_size, max_groups=max_groups,
+                                         wait_seconds=wait_seconds, trainer_id=trainer_id)
+        # The server may rightly take wait_seconds before it answers: the deadline comes on top.
+        replies = self.stream("PullBatch", request,
+                              timeout=wait_seconds + (timeout or self.config.timeout_seconds))
+        groups, end_of_data = [], False
+        for reply in replies:
+            if reply.end_of_data:
+                end_of_data = True
+            else:
+                groups.append(reply)
+        return PullResult(groups, end_of_data)
+
+    def commit(self, delivery: int, *, step: int = 0, resume: bool = False, trainer_id: str = "",
+               timeout: float | None = None) -> None:
+        request = buffer_pb2.CommitRequest(trainer_id=trainer_id, delivery=delivery, step=step, resume=resume)
+        self.unary("Commit", request, timeout=timeout)
+
+    def set_policy_version(self, version: int, *, timeout: float | None = None) -> None:
+        self.unary("SetPolicyVersion", buffer_pb2.SetPolicyVersionRequest(version=version), timeout=timeout)
+
+    def stats(self, *, timeout: float | None = None) -> buffer_pb2.StatsReply:
+        return self.unary("Stats", buffer_pb2.StatsRequest(), timeout=timeout)

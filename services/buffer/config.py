@@ -1,0 +1,89 @@
+"""The buffer service's configuration schema (all defaults are here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from zerobubble.common.config import Schema, ServerConfig
+
+
+class PromptsConfig(Schema):
+    path: Path = Field(description="training JSONL: `messages` and `gt_answer` (math) or `test_cases` (code)")
+    epochs: int = Field(1, gt=0, description="passes over the data; each has its own seeded order")
+    seed: int = Field(0, description="the order of epoch e is a permutation drawn from (seed, e)")
+    shuffle: bool = True
+
+
+class LeasesConfig(Schema):
+    timeout_seconds: float = Field(600.0, gt=0, description="unfinished prompts of a lease return after this")
+    max_prompts: int = Field(1024, gt=0, description="most prompts one LeasePrompts call may ask for")
+
+
+class CapacityConfig(Schema):
+    """What the buffer holds before pushes wait and leases stop; bounds its memory."""
+
+    max_groups: int = Field(1024, gt=0, description="queued (not yet pulled) groups")
+    max_bytes: int = Field(2 * 1024**3, gt=0, description="queued bytes (serialized groups)")
+    max_group_bytes: int = Field(32 * 1024 * 1024, gt=0, description="a larger group is refused")
+    max_producers: int = Field(10_000, gt=0, description="producers whose recent sequence numbers are "
+                               "remembered for deduplication; the least recently seen is forgotten")
+    dedup_window: int = Field(65_536, gt=0, description="sequence numbers remembered per producer; one "
+                              "older than the newest minus this is treated as a duplicate")
+
+
+class FiltersConfig(Schema):
+    accuracy_range: tuple[float, float] | None = Field(
+        None, description="keep a group only when low <= mean answer accuracy <= high (DAPO: [0.01, 0.99])"
+    )
+    num_generations: int | None = Field(None, gt=0, description="trajectories per group (any number if null)")
+    max_staleness: int | None = Field(
+        None, ge=0, description="at pull time, drop groups generated more than this many versions ago"
+    )
+
+    @field_validator("accuracy_range")
+    @classmethod
+    def _ordered_fractions(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not 0.0 <= value[0] <= value[1] <= 1.0:
+            raise ValueError(f"expected 0 <= low <= high <= 1, got {list(value)}")
+        return value
+
+
+class PullConfig(Schema):
+    max_groups: int = Field(4096, gt=0, description="most groups one PullBatch may ask for")
+    max_wait_seconds: float = Field(600.0, ge=0, description="longest wait_seconds a PullBatch may ask for")
+
+
+class WalConfig(Schema):
+    directory: Path = Field(Path("buffer-wal"), description="where the write-ahead log lives")
+    fsync: Literal["always", "interval", "never"] = Field(
+        "interval",
+        description="always: fsync before every acknowledgement; interval: at most every interval_seconds "
+        "(a process crash loses nothing either way, a machine crash up to that interval); never: leave it "
+        "to the operating system",
+    )
+    interval_seconds: float = Field(1.0, gt=0)
+    compact_min_bytes: int = Field(256 * 1024 * 1024, gt=0, description="the log is rewritten once it is "
+                                   "this large and more than twice what is still live")
+
+
+class BufferServiceConfig(Schema):
+    # Every open push stream and pull stream holds a server thread, hence more than the default.
+    server: ServerConfig = ServerConfig(listen="127.0.0.1:50053", max_workers=64)
+    prompts: PromptsConfig
+    leases: LeasesConfig = LeasesConfig()
+    capacity: CapacityConfig = CapacityConfig()
+    filters: FiltersConfig = FiltersConfig()
+    pull: PullConfig = PullConfig()
+    wal: WalConfig = WalConfig()
+
+    @model_validator(mode="after")
+    def _group_fits_in_a_message(self) -> BufferServiceConfig:
+        if self.capacity.max_group_bytes >= self.server.max_message_bytes:
+            raise ValueError("capacity.max_group_bytes must be below server.max_message_bytes, so that an "
+                             "oversized group is refused alone instead of breaking its stream")
+        if self.capacity.max_group_bytes > self.capacity.max_bytes:
+            raise ValueError("capacity.max_group_bytes must not exceed capacity.max_bytes")
+        return self

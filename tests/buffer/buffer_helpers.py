@@ -1,0 +1,98 @@
+"""Buffer test helpers: prompt files written per test, groups made to order."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zerobubble.buffer.config import BufferServiceConfig
+from zerobubble.common.codec import encode_array
+from zerobubble.common.config import load_config
+from zerobubble.v1 import common_pb2
+
+PYTHON = sys.executable
+
+
+def write_prompts(path: Path, count: int) -> Path:
+    """`count` math prompts, with the odd ones in the code format, one message object or a list."""
+    with open(path, "w") as f:
+        for i in range(count):
+            row: dict[str, Any] = {"messages": {"role": "user", "content": f"What is {i} + 1?"}}
+            if i % 2:
+                tests = {"inputs": [f"{i}\n"], "outputs": [f"{i + 1}\n"]}
+                row = {"messages": [row["messages"]], "test_cases": tests}
+            else:
+                row["gt_answer"] = str(i + 1)
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def settings(tmp_path: Path, prompts: int = 8, **overrides: Any) -> dict[str, Any]:
+    """Dotted settings for a buffer in tmp_path; `overrides` use '__' for '.' (wal__fsync='never')."""
+    values = {
+        "prompts.path": str(write_prompts(tmp_path / "prompts.jsonl", prompts)),
+        "wal.directory": str(tmp_path / "wal"),
+        "wal.fsync": "never",
+        "server.listen": "127.0.0.1:0",
+        "server.metrics_port": None,
+        "server.grace_seconds": 0.5,
+    }
+    values.update({key.replace("__", "."): value for key, value in overrides.items()})
+    return values
+
+
+def make_config(tmp_path: Path, prompts: int = 8, **overrides: Any) -> BufferServiceConfig:
+    return load_config(BufferServiceConfig, None, settings(tmp_path, prompts, **overrides))
+
+
+def make_group(
+    prompt: common_pb2.Prompt,
+    producer: str = "worker-0",
+    sequence: int = 0,
+    *,
+    generations: int = 4,
+    tokens: int = 8,
+    correct: int | None = None,
+    version: int = 0,
+    lease_id: str = "",
+) -> common_pb2.ExperienceGroup:
+    """A well-formed group; `correct` trajectories have answer_ok (half of them when None)."""
+    correct = generations // 2 if correct is None else correct
+    group = common_pb2.ExperienceGroup(
+        prompt=prompt,
+        prompt_ids=encode_array(np.arange(5, dtype=np.int32)),
+        producer_id=producer,
+        sequence=sequence,
+        lease_id=lease_id,
+    )
+    for i in range(generations):
+        group.trajectories.add(
+            response_ids=encode_array(np.full(tokens, i + 1, dtype=np.int32)),
+            behaviour_logprobs=encode_array(np.full(tokens, -0.5, dtype=np.float32)),
+            finish_reason=common_pb2.FINISH_REASON_STOP,
+            reward=1.0 if i < correct else 0.0,
+            answer_ok=i < correct,
+            policy_version=version,
+            temperature=1.0,
+        )
+    return group
+
+
+def prompt_key(item: common_pb2.ExperienceGroup | common_pb2.Prompt) -> tuple[str, int]:
+    prompt = item.prompt if isinstance(item, common_pb2.ExperienceGroup) else item
+    return prompt.prompt_id, prompt.epoch
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

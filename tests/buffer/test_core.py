@@ -1,0 +1,284 @@
+"""The buffer core in-process: exactly once, filters, flow control, commits, restarts, bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from buffer_helpers import make_config, make_group, prompt_key
+
+from zerobubble.buffer.core import Buffer
+from zerobubble.buffer.prompts import PromptFileError
+from zerobubble.common.codec import encode_array
+from zerobubble.common.config import ConfigError, load_config
+from zerobubble.common.errors import InvalidInput, Overloaded
+from zerobubble.v1 import common_pb2
+
+
+@pytest.fixture
+def open_buffer(tmp_path, clock):
+    """open_buffer(**overrides) -> Buffer; calling it again with the same settings is a restart."""
+    opened = []
+
+    def start(prompts=8, **overrides):
+        buffer = Buffer(make_config(tmp_path, prompts, **overrides), clock=clock)
+        opened.append(buffer)
+        return buffer
+
+    yield start
+    for buffer in opened:
+        buffer.close()
+
+
+def push_all(buffer, prompts, producer="w", first_sequence=0, **group_options):
+    return [buffer.push(make_group(p, producer, first_sequence + i, **group_options)) for i, p in enumerate(prompts)]
+
+
+def pulled_groups(buffer, count, wait=0.0):
+    items = list(buffer.pull(0, 1, count, wait))
+    return [(common_pb2.ExperienceGroup.FromString(i.payload), i.delivery) for i in items if i.payload is not None]
+
+
+def test_every_prompt_ends_in_exactly_one_group_and_the_end_is_signalled(open_buffer):
+    buffer = open_buffer(prompts=8, prompts__epochs=2)
+    for _ in range(2):
+        grant = buffer.lease_prompts("w", 8)
+        assert len(grant.prompts) == 8 and not grant.end_of_data
+        outcomes = push_all(buffer, grant.prompts, first_sequence=grant.prompts[0].epoch * 8)
+        assert all(outcome.stored for outcome in outcomes)
+    items = list(buffer.pull(0, 1, 100, wait_seconds=5))
+    groups = [common_pb2.ExperienceGroup.FromString(i.payload) for i in items[:-1]]
+    assert items[-1].payload is None, "the stream ends with the end-of-data mark"
+    assert sorted(prompt_key(g) for g in groups) == sorted((str(i), e) for i in range(8) for e in range(2))
+    assert [i.delivery for i in items[:-1]] == list(range(1, 17))
+    stats = buffer.stats()
+    assert stats["groups_in"] == stats["groups_out"] == 16 and stats["end_of_data"] and stats["epoch"] == 2
+    assert buffer.lease_prompts("w", 1).end_of_data
+
+
+def test_retried_push_and_second_group_for_a_prompt_are_stored_once(open_buffer):
+    buffer = open_buffer()
+    prompt = buffer.lease_prompts("w", 1).prompts[0]
+    assert buffer.push(make_group(prompt, "w", 7)).stored
+    retried = buffer.push(make_group(prompt, "w", 7))
+    assert not retried.stored and "producer and sequence" in retried.filtered
+    other = buffer.push(make_group(prompt, "v", 0))
+    assert not other.stored and "already has a group" in other.filtered
+    assert buffer.stats()["groups_in"] == 1 and len(pulled_groups(buffer, 5)) == 1
+
+
+def test_accuracy_filter_drops_counts_and_finishes_the_prompt(open_buffer):
+    buffer = open_buffer(prompts=2, filters__accuracy_range=[0.01, 0.99])
+    solved, mixed = buffer.lease_prompts("w", 2).prompts
+    outcome = buffer.push(make_group(solved, "w", 0, correct=4))
+    assert not outcome.stored and "accuracy 1.000 outside" in outcome.filtered
+    assert buffer.push(make_group(mixed, "w", 1, correct=1)).stored
+    stats = buffer.stats()
+    assert stats["filtered"] == 1 and stats["groups_in"] == 1 and stats["end_of_data"]
+    assert [prompt_key(g) for g, _ in pulled_groups(buffer, 5)] == [prompt_key(mixed)]
+
+
+def test_stale_groups_are_dropped_at_pull_time(open_buffer):
+    buffer = open_buffer(prompts=3, filters__max_staleness=1)
+    old, fresh, recent = buffer.lease_prompts("w", 3).prompts
+    buffer.push(make_group(old, "w", 0, version=0))
+    buffer.push(make_group(fresh, "w", 1, version=2))
+    buffer.push(make_group(recent, "w", 2, version=1))
+    buffer.set_policy_version(2)
+    assert [prompt_key(g) for g, _ in pulled_groups(buffer, 5)] == [prompt_key(fresh), prompt_key(recent)]
+    assert buffer.stats()["stale_dropped"] == 1
+
+
+def test_few_surviving_groups_do_not_hang_the_trainer(open_buffer):
+    buffer = open_buffer(prompts=4, filters__accuracy_range=[0.01, 0.99])
+    prompts = buffer.lease_prompts("w", 4).prompts
+    buffer.push(make_group(prompts[0], "w", 0, correct=2))
+    for i, prompt in enumerate(prompts[1:], start=1):
+        buffer.push(make_group(prompt, "w", i, correct=0))
+    started = time.monotonic()
+    items = list(buffer.pull(0, 1, 4, wait_seconds=30))
+    assert time.monotonic() - started < 2
+    assert len(items) == 2 and items[0].payload is not None and items[1].payload is None
+
+
+def test_a_full_buffer_stops_leases_and_makes_pushes_wait(open_buffer):
+    buffer = open_buffer(prompts=6, capacity__max_groups=2)
+    prompts = buffer.lease_prompts("w", 3).prompts
+    push_all(buffer, prompts[:2])
+    assert buffer.lease_prompts("w", 3).prompts == []
+    outcome = []
+    pusher = threading.Thread(target=lambda: outcome.append(buffer.push(make_group(prompts[2], "w", 2))))
+    pusher.start()
+    pusher.join(0.3)
+    assert pusher.is_alive() and buffer.stats()["groups_in"] == 2
+    assert len(pulled_groups(buffer, 1)) == 1
+    pusher.join(5)
+    assert outcome and outcome[0].stored
+    assert len(buffer.lease_prompts("w", 3).prompts) == 0, "still full: two queued groups"
+    pulled_groups(buffer, 1)
+    assert len(buffer.lease_prompts("w", 3).prompts) == 3
+
+
+def test_a_waiting_push_whose_caller_left_stores_nothing(open_buffer):
+    buffer = open_buffer(prompts=2, capacity__max_groups=1)
+    first, second = buffer.lease_prompts("w", 2).prompts
+    buffer.push(make_group(first, "w", 0))
+    with pytest.raises(Overloaded):
+        buffer.push(make_group(second, "w", 1), cancelled=lambda: True)
+    assert buffer.stats()["groups_in"] == 1
+
+
+def test_expired_leases_come_back_and_are_counted(open_buffer, clock):
+    buffer = open_buffer(prompts=4, leases__timeout_seconds=5)
+    first = buffer.lease_prompts("w1", 2)
+    clock.advance(6)
+    assert buffer.stats()["lease_expirations"] == 1
+    again = buffer.lease_prompts("w2", 2)
+    assert [p.prompt_id for p in again.prompts] == [p.prompt_id for p in first.prompts]
+    buffer.complete_lease(first.lease_id)
+
+
+def test_commit_forgets_and_resume_delivers_the_rest_again(open_buffer):
+    buffer = open_buffer(prompts=4)
+    push_all(buffer, buffer.lease_prompts("w", 4).prompts)
+    first = pulled_groups(buffer, 4)
+    buffer.commit(2)
+    assert pulled_groups(buffer, 4) == []
+    buffer.commit(2, resume=True)
+    again = pulled_groups(buffer, 4)
+    assert [prompt_key(g) for g, _ in again] == [prompt_key(g) for g, _ in first[2:]]
+    assert [d for _, d in again] == [5, 6]
+    with pytest.raises(InvalidInput, match="delivery"):
+        buffer.commit(99)
+
+
+def test_restart_keeps_acknowledged_groups_once_the_epoch_position_and_returns_leases(open_buffer):
+    buffer = open_buffer(prompts=8)
+    grant = buffer.lease_prompts("w", 5)
+    push_all(buffer, grant.prompts[:3])
+    (delivered, _), = pulled_groups(buffer, 1)
+    buffer.set_policy_version(3)
+    buffer.close()
+
+    buffer = open_buffer(prompts=8)
+    stats = buffer.stats()
+    assert (stats["queued_groups"], stats["groups_in"], stats["groups_out"], stats["policy_version"]) == (2, 3, 1, 3)
+    unfinished = {p.prompt_id for p in buffer.lease_prompts("w", 8).prompts}
+    assert unfinished == {str(i) for i in range(8)} - {p.prompt_id for p in grant.prompts[:3]}
+    assert not buffer.push(make_group(grant.prompts[0], "w", 0)).stored
+    queued = pulled_groups(buffer, 8)
+    assert [prompt_key(g) for g, _ in queued] == [prompt_key(p) for p in grant.prompts[1:3]]
+    buffer.commit(0, resume=True)
+    assert [prompt_key(g) for g, _ in pulled_groups(buffer, 8)] == [prompt_key(g) for g in [delivered]] + [
+        prompt_key(g) for g, _ in queued
+    ]
+
+
+def test_compaction_shrinks_the_log_and_keeps_the_state(open_buffer, tmp_path):
+    options = {"prompts": 12, "prompts__epochs": 2, "wal__compact_min_bytes": 1, "capacity__dedup_window": 4}
+    buffer = open_buffer(**options)
+    prompts = buffer.lease_prompts("w", 12).prompts
+    push_all(buffer, prompts, tokens=256)
+    pulled_groups(buffer, 8)
+    buffer.commit(6)
+    size_before_restart = buffer.wal.size
+    live = buffer.store.queued_bytes + buffer.store.uncommitted_bytes
+    assert size_before_restart <= 2 * live + 4096 and len(list((tmp_path / "wal").glob("*.wal"))) == 1
+    expected = buffer.stats()
+    buffer.close()
+
+    buffer = open_buffer(**options)
+    assert buffer.stats() == expected
+    assert not buffer.push(make_group(prompts[3], "w", 3)).stored
+    buffer.commit(6, resume=True)
+    assert [prompt_key(g) for g, _ in pulled_groups(buffer, 12)] == [prompt_key(p) for p in prompts[6:]]
+    next_epoch = buffer.lease_prompts("w", 12).prompts
+    assert {p.epoch for p in next_epoch} == {1} and len(next_epoch) == 12
+
+
+BAD_GROUPS = {
+    "trajectories[0].response_ids.data": lambda g: setattr(g.trajectories[0].response_ids, "data", b"abc"),
+    "trajectories[1].response_ids": lambda g: (
+        g.trajectories[1].response_ids.ClearField("shape"), g.trajectories[1].response_ids.shape.append(0),
+        setattr(g.trajectories[1].response_ids, "data", b""),
+    ),
+    "trajectories[2].behaviour_logprobs": lambda g: g.trajectories[2].behaviour_logprobs.CopyFrom(
+        encode_array(np.zeros(3, dtype=np.float32))
+    ),
+    "trajectories[3].response_ids.dtype": lambda g: setattr(g.trajectories[3].response_ids, "dtype", 9),
+    "trajectories": lambda g: g.trajectories.pop(),
+    "prompt_ids.shape": lambda g: g.prompt_ids.shape.append(1),
+    "prompt.prompt_id": lambda g: setattr(g.prompt, "prompt_id", "no-such-prompt"),
+    "prompt.epoch": lambda g: setattr(g.prompt, "epoch", 5),
+    "lease_id": lambda g: setattr(g, "lease_id", "7.0"),
+    "producer_id": lambda g: setattr(g, "producer_id", ""),
+    "sequence": lambda g: setattr(g, "sequence", -1),
+    "group": lambda g: setattr(g.trajectories[0], "response_text", "x" * 5000),
+}
+
+
+@pytest.mark.parametrize("field", BAD_GROUPS)
+def test_bad_groups_are_refused_whole_naming_the_field(open_buffer, field):
+    buffer = open_buffer(prompts=2, filters__num_generations=4, capacity__max_group_bytes=4096)
+    prompt = buffer.lease_prompts("w", 1).prompts[0]
+    group = make_group(prompt, "w", 0)
+    BAD_GROUPS[field](group)
+    with pytest.raises(InvalidInput) as refused:
+        buffer.push(group)
+    assert refused.value.field == field
+    assert buffer.stats()["groups_in"] == 0
+    assert buffer.push(make_group(prompt, "w", 0)).stored, "nothing of the refused group was kept"
+
+
+def test_bad_requests_name_the_field(open_buffer):
+    buffer = open_buffer()
+    cases = [
+        (lambda: buffer.lease_prompts("", 1), "worker_id"),
+        (lambda: buffer.lease_prompts("w", 0), "count"),
+        (lambda: buffer.complete_lease("0.0", ["nope"]), "prompt_ids[0]"),
+        (lambda: list(buffer.pull(2, 2, 1, 0)), "rank"),
+        (lambda: list(buffer.pull(0, 0, 1, 0)), "world_size"),
+        (lambda: list(buffer.pull(0, 1, 0, 0)), "max_groups"),
+        (lambda: list(buffer.pull(0, 1, 1, -1)), "wait_seconds"),
+        (lambda: buffer.set_policy_version(-1), "version"),
+    ]
+    for call, field in cases:
+        with pytest.raises(InvalidInput) as refused:
+            call()
+        assert refused.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"filters.accuracy_range": [0.9, 0.1]}, "filters.accuracy_range"),
+        ({"capacity.max_group_bytes": 128 * 1024 * 1024}, "capacity.max_group_bytes"),
+        ({"wal.fsync": "sometimes"}, "wal.fsync"),
+        ({"leases.timeout_seconds": 0}, "leases.timeout_seconds"),
+        ({"leases.timout_seconds": 1}, "leases.timout_seconds"),
+    ],
+)
+def test_config_errors_name_the_field(tmp_path, overrides, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(type(make_config(tmp_path)), None, {"prompts.path": "p.jsonl", **overrides})
+
+
+def test_prompts_are_required(tmp_path):
+    with pytest.raises(ConfigError, match="prompts"):
+        load_config(type(make_config(tmp_path)), None, {})
+
+
+def test_the_seeded_order_survives_a_restart(open_buffer):
+    buffer = open_buffer(prompts=8, prompts__seed=5)
+    ids = [p.prompt_id for p in buffer.lease_prompts("w", 8).prompts]
+    assert [int(i) for i in ids] == list(buffer.source.order(0))
+    buffer.close()
+    assert [p.prompt_id for p in open_buffer(prompts=8, prompts__seed=5).lease_prompts("w", 8).prompts] == ids
+
+
+def test_a_log_written_for_other_prompts_is_not_replayed(open_buffer):
+    open_buffer(prompts=8).close()
+    with pytest.raises(PromptFileError, match="different prompt set"):
+        open_buffer(prompts=9)

@@ -1,0 +1,133 @@
+"""The buffer as its own process: kill -9 and restart, a corrupt log tail, SIGTERM, config errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+
+import grpc
+import pytest
+import yaml
+from buffer_helpers import PYTHON, make_group, prompt_key, settings
+
+from zerobubble.buffer.client import BufferClient
+from zerobubble.common.config import ClientConfig
+
+
+class BufferProcess:
+    """`zerobubble serve buffer` on a port of its own choosing; the same log folder on every start."""
+
+    def __init__(self, tmp_path, **overrides):
+        self.config = tmp_path / "buffer.yaml"
+        tree: dict = {}
+        for dotted, value in settings(tmp_path, **overrides).items():
+            *sections, key = dotted.split(".")
+            node = tree
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[key] = value
+        self.config.write_text(yaml.safe_dump(tree))
+        self.log = tmp_path / "buffer.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> BufferClient:
+        with open(self.log, "a") as log:
+            self.process = subprocess.Popen(
+                [PYTHON, "-m", "zerobubble.cli", "serve", "buffer", "--config", str(self.config)],
+                stdout=subprocess.PIPE, stderr=log, text=True,
+            )
+        line = self.process.stdout.readline()
+        assert line, f"the buffer did not start:\n{self.log.read_text()}"
+        address = json.loads(line)["address"]
+        return BufferClient(ClientConfig(address=address, timeout_seconds=10, retry_seconds=0))
+
+    def stop(self, sig: int) -> int:
+        self.process.send_signal(sig)
+        return self.process.wait(10)
+
+
+@pytest.fixture
+def buffer_process(tmp_path):
+    made = []
+
+    def make(**overrides):
+        made.append(BufferProcess(tmp_path, **overrides))
+        return made[-1]
+
+    yield make
+    for process in made:
+        if process.process is not None and process.process.poll() is None:
+            process.process.kill()
+            process.process.wait()
+
+
+@pytest.mark.parametrize("fsync", ["never", "always"])
+def test_kill_9_during_a_push_storm_loses_and_duplicates_nothing(buffer_process, fsync):
+    server = buffer_process(prompts=600, capacity__max_groups=4096, wal__fsync=fsync)
+    client = server.start()
+    prompts = list(client.lease("w", 600).prompts)
+    groups = [make_group(p, "storm", i, tokens=512) for i, p in enumerate(prompts)]
+    acks = []
+    killed = threading.Event()
+
+    def kill_after_some_acks():
+        for ack in client.push(groups, timeout=30):
+            acks.append(ack)
+            if len(acks) == 150:
+                server.process.kill()
+                killed.set()
+
+    with pytest.raises(grpc.RpcError):
+        kill_after_some_acks()
+    assert killed.is_set() and 150 <= len(acks) < 600
+    acknowledged = {prompt_key(groups[a.sequence]) for a in acks if a.stored}
+
+    client = server.start()
+    first = client.pull(0, 1, 600)
+    first_keys = [prompt_key(g.group) for g in first.groups]
+    assert len(first_keys) == len(set(first_keys)), "nothing stored twice"
+    assert acknowledged <= set(first_keys), "every acknowledged group survived"
+    remaining = {p.prompt_id for p in client.lease("w", 600).prompts}
+    assert remaining == {p.prompt_id for p in prompts} - {key[0] for key in first_keys}, "epoch position kept"
+
+    retried = list(client.push(groups, timeout=30))
+    assert sum(a.stored for a in retried) == 600 - len(first_keys)
+    second = [prompt_key(g.group) for g in client.pull(0, 1, 600).groups]
+    assert sorted(first_keys + second) == sorted(prompt_key(p) for p in prompts)
+    assert server.stop(signal.SIGTERM) == 0
+
+
+def test_a_corrupt_log_tail_is_reported_and_skipped(buffer_process, tmp_path):
+    server = buffer_process(prompts=5)
+    client = server.start()
+    prompts = list(client.lease("w", 5).prompts)
+    assert all(a.stored for a in client.push(make_group(p, "w", i) for i, p in enumerate(prompts)))
+    assert server.stop(signal.SIGTERM) == 0, "SIGTERM is a clean shutdown"
+    (segment,) = (tmp_path / "wal").glob("*.wal")
+    segment.write_bytes(segment.read_bytes()[:-10])
+
+    client = server.start()
+    assert "skipped the last" in server.log.read_text()
+    survivors = [prompt_key(g.group) for g in client.pull(0, 1, 10).groups]
+    assert survivors == [prompt_key(p) for p in prompts[:4]]
+    (again,) = client.lease("w", 5).prompts
+    assert prompt_key(again) == prompt_key(prompts[4])
+    assert list(client.push([make_group(again, "w", 4)]))[0].stored
+    assert server.stop(signal.SIGTERM) == 0
+
+
+def test_a_bad_setting_is_named_and_the_process_exits(tmp_path):
+    result = subprocess.run(
+        [PYTHON, "-m", "zerobubble.cli", "serve", "buffer", "--set", f"prompts.path={tmp_path}/p.jsonl",
+         "--set", "filters.accuracy_range=[0.9, 0.1]"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2 and "filters.accuracy_range" in result.stderr
+    result = subprocess.run(
+        [PYTHON, "-m", "zerobubble.cli", "serve", "buffer", "--set", f"prompts.path={tmp_path}/absent.jsonl",
+         "--set", f"wal.directory={tmp_path}/wal"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2 and "absent.jsonl: cannot read" in result.stderr
