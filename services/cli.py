@@ -43,6 +43,13 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_config(args) -> int:
+    from zerobubble.common.config_reference import reference
+
+    print(reference(_service_module(args.service).CONFIG_SCHEMA))
+    return 0
+
+
 def cmd_score(args) -> int:
     from zerobubble.reward.cli_score import run_score
 
@@ -80,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-port", type=int, help="Prometheus port (server.metrics_port)")
     serve.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field, e.g. math.workers=4")
     serve.set_defaults(run=cmd_serve)
+
+    config = sub.add_parser("config", help="list a service's settings with their defaults")
+    config.add_argument("service", choices=SERVICES)
+    config.set_defaults(run=cmd_config)
 
     score = sub.add_parser("score", help="score one completion or a JSONL file of them")
     score.add_argument("--verifier", default="boxed", help="boxed, think_answer_tags or code")

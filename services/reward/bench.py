@@ -1,5 +1,5 @@
 """`zerobubble bench reward`: math scores/s with 1 worker and with N, and sandboxed programs/s
-against bare `python3 -c pass` spawns at the same concurrency, all measured in one run."""
+against bare `python3 -c pass` spawns of the same interpreter at the same concurrency, all measured in one run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from zerobubble.reward.client import score_request
+from zerobubble.reward.config import SandboxConfig
 from zerobubble.reward.local import reward_client
+from zerobubble.reward.sandbox import CodeSandbox
 
 # Answers in several notations so the measurement exercises real parsing, not one cached case.
 _MATH = [
@@ -47,9 +49,9 @@ def _code_rate(slots: int, count: int) -> float:
     return count / elapsed
 
 
-def _spawn_rate(parallel: int, count: int) -> float:
+def _spawn_rate(python: str, parallel: int, count: int) -> float:
     def spawn(_):
-        subprocess.run(["python3", "-c", "pass"], check=True)
+        subprocess.run([python, "-c", "pass"], check=True)
 
     with ThreadPoolExecutor(parallel) as pool:
         start = time.perf_counter()
@@ -62,7 +64,9 @@ def bench_reward(items: int = 400, programs: int = 40) -> dict:
     one = _math_rate(1, items)
     many = _math_rate(cores, items)
     code = _code_rate(cores, programs)
-    spawn = _spawn_rate(cores, programs)
+    # The baseline spawns the interpreter the sandbox runs programs with, not a PATH shim.
+    python = CodeSandbox(SandboxConfig()).python
+    spawn = _spawn_rate(python, cores, programs)
     figures = {
         "cores": cores,
         "math_scores_per_s_1_worker": round(one, 1),
@@ -70,6 +74,7 @@ def bench_reward(items: int = 400, programs: int = 40) -> dict:
         "math_speedup": round(many / one, 2),
         "code_programs_per_s": round(code, 1),
         "bare_python_spawns_per_s": round(spawn, 1),
+        "python": python,
         "code_vs_bare_spawn_ratio": round(code / spawn, 3),
     }
     for name, value in figures.items():

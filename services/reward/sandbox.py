@@ -95,7 +95,7 @@ class CodeSandbox:
         trivial program cannot run (no interpreter, a working directory its user cannot reach...)."""
         self.config = config
         self._root = os.geteuid() == 0
-        self._python = config.python if os.sep in config.python else shutil.which(config.python, path=_PATH)
+        self.python = config.python if os.sep in config.python else shutil.which(config.python, path=_PATH)
         self._slots: queue.SimpleQueue[int] = queue.SimpleQueue()
         for slot in range(config.slots):
             self._slots.put(slot)
@@ -134,7 +134,7 @@ class CodeSandbox:
 
     def _probe(self) -> Isolation:
         """Runs a trivial program with every isolation step tried, and records what failed."""
-        if self._python is None:
+        if self.python is None:
             raise SandboxUnavailable(f"interpreter {self.config.python!r} not found on {_PATH}")
         result, failures = self._run(_PROBE_SOURCE, "", "try")
         if (result.status, result.stdout) != ("ok", "ok\n"):
@@ -165,7 +165,7 @@ class CodeSandbox:
 
     def _execute(self, workdir: str, uid: int | None, stdin: bytes, mode: str) -> tuple[RunResult, list[str]]:
         cfg = self.config
-        spec = {"workdir": workdir, "python": self._python, "uid": "" if uid is None else uid, "mode": mode,
+        spec = {"workdir": workdir, "python": self.python, "uid": "" if uid is None else uid, "mode": mode,
                 "cpu_seconds": cfg.cpu_seconds, "memory_bytes": cfg.memory_bytes,
                 "max_processes": cfg.max_processes, "max_file_bytes": cfg.max_file_bytes,
                 "max_open_files": cfg.max_open_files}
@@ -275,7 +275,7 @@ class CodeSandbox:
         return RunResult(status, code, stdout, stderr, seconds)
 
     def _kill_user(self, uid: int) -> None:
-        subprocess.run([self._python, "-I", "-S", "-c", _KILL_ALL], user=uid, group=uid, extra_groups=[],
+        subprocess.run([self.python, "-I", "-S", "-c", _KILL_ALL], user=uid, group=uid, extra_groups=[],
                        env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, cwd="/", check=False)
 

@@ -39,3 +39,31 @@ def test_malformed_override_and_missing_file(tmp_path):
         load_config(RewardServiceConfig, overrides=["math.workers"])
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(RewardServiceConfig, tmp_path / "nope.yaml")
+
+
+def test_reference_lists_every_field_with_its_real_default():
+    from zerobubble.buffer.config import BufferServiceConfig
+    from zerobubble.common.config_reference import describe
+
+    reward = {name: default for name, default, _ in describe(RewardServiceConfig)}
+    assert reward["server.listen"] == "127.0.0.1:50052"
+    assert reward["sandbox.require_isolation"] == "true"
+    assert reward["rewards.correct"] == "1.0"
+    assert len(reward) == len(set(reward)) > 30
+    buffer = {name: default for name, default, _ in describe(BufferServiceConfig)}
+    assert buffer["prompts.path"] == "(required)" and buffer["server.listen"] == "127.0.0.1:50053"
+
+
+def test_shipped_config_files_validate():
+    from pathlib import Path
+
+    from zerobubble.buffer.config import BufferServiceConfig
+
+    root = Path(__file__).resolve().parents[2]
+    schemas = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig}
+    files = sorted([*root.glob("configs/*.yaml"), *root.glob("deploy/hosts/*.yaml")])
+    assert files
+    for path in files:
+        service = path.stem.split("-")[0]
+        assert service in schemas, f"{path.name}: name it after its service"
+        load_config(schemas[service], path)
