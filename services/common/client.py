@@ -15,11 +15,6 @@ from zerobubble.common.config import ClientConfig
 T = TypeVar("T")
 
 
-def _read(path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def open_channel(config: ClientConfig) -> grpc.Channel:
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -31,9 +26,9 @@ def open_channel(config: ClientConfig) -> grpc.Channel:
     if tls.server_name:
         options.append(("grpc.ssl_target_name_override", tls.server_name))
     credentials = grpc.ssl_channel_credentials(
-        root_certificates=_read(tls.ca) if tls.ca else None,
-        private_key=_read(tls.key) if tls.key else None,
-        certificate_chain=_read(tls.cert) if tls.cert else None,
+        root_certificates=tls.ca.read_bytes() if tls.ca else None,
+        private_key=tls.key.read_bytes() if tls.key else None,
+        certificate_chain=tls.cert.read_bytes() if tls.cert else None,
     )
     return grpc.secure_channel(config.address, credentials, options=options)
 

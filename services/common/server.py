@@ -23,11 +23,6 @@ log = logging.getLogger(__name__)
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 
 
-def _read(path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     tls = config.tls
     if tls.cert is None and tls.key is None:
@@ -37,8 +32,8 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     if tls.require_client_cert and tls.ca is None:
         raise ValueError("server.tls.ca: needed to verify client certificates when require_client_cert is set")
     return grpc.ssl_server_credentials(
-        [(_read(tls.key), _read(tls.cert))],
-        root_certificates=_read(tls.ca) if tls.ca else None,
+        [(tls.key.read_bytes(), tls.cert.read_bytes())],
+        root_certificates=tls.ca.read_bytes() if tls.ca else None,
         require_client_auth=tls.require_client_cert,
     )
 

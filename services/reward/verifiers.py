@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from zerobubble.reward.extraction import extract_boxed, extract_python, extract_think_answer
 from zerobubble.reward.math_pool import MathVerifierPool
@@ -28,7 +28,7 @@ class Verdict:
     answer_ok: bool
     extracted: str = ""
     reason: str = ""
-    fraction: float = field(default=0.0)   # share of tests passed (code) or 1/0 (math)
+    fraction: float = 0.0   # share of tests passed (code) or 1/0 (math)
     tests_passed: int = 0
     tests_total: int = 0
 
