@@ -91,7 +91,7 @@ class RewardScorer:
                 )
             self._pending += count
 
-    def _release(self, _future: Future | None = None) -> None:
+    def _release(self, _future: Future) -> None:
         with self._lock:
             self._pending -= 1
 
