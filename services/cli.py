@@ -63,16 +63,26 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    if args.what == "reward":
-        from zerobubble.reward.bench import bench_reward
-
-        figures = bench_reward(items=args.items, programs=args.programs)
-    else:
-        from zerobubble.buffer.bench import bench_transport
-
-        figures = bench_transport(scale=args.scale, fsync=args.fsync, workdir=args.workdir)
-    print(json.dumps(figures))
+    print(json.dumps(args.measure(args)))
     return 0
+
+
+def _bench_reward(args) -> dict:
+    from zerobubble.reward.bench import bench_reward
+
+    return bench_reward(items=args.items, programs=args.programs)
+
+
+def _bench_transport(args) -> dict:
+    from zerobubble.buffer.bench import bench_transport
+
+    return bench_transport(scale=args.scale, fsync=args.fsync, workdir=args.workdir)
+
+
+# Each area adds its own subcommands here: a module with `register(subparsers)` (and, for benchmarks,
+# `register_bench(bench_subparsers)` whose parsers set `measure` to a function returning the figures).
+COMMAND_MODULES: tuple[str, ...] = ()
+BENCH_MODULES: tuple[str, ...] = ()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,14 +119,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=cmd_demo)
 
     bench = sub.add_parser("bench", help="measure throughput; prints one JSON object as its last line")
-    bench.add_argument("what", choices=["reward", "transport"])
-    bench.add_argument("--items", type=int, default=400, help="reward: math items per measurement")
-    bench.add_argument("--programs", type=int, default=40, help="reward: programs per measurement")
-    bench.add_argument("--scale", type=float, default=1.0, help="transport: fraction of the default group counts")
-    bench.add_argument("--fsync", default="interval", choices=["always", "interval", "never"],
-                       help="transport: the buffer's write-ahead-log fsync policy")
-    bench.add_argument("--workdir", type=Path, help="transport: where the buffer keeps its log (default: a temp dir)")
+    benches = bench.add_subparsers(dest="what", required=True)
+    reward = benches.add_parser("reward", help="math scores/s with 1 and N workers; sandboxed programs/s")
+    reward.add_argument("--items", type=int, default=400, help="math items per measurement")
+    reward.add_argument("--programs", type=int, default=40, help="programs per measurement")
+    reward.set_defaults(measure=_bench_reward)
+    transport = benches.add_parser("transport", help="buffer push-to-pull throughput vs a loopback TCP socket")
+    transport.add_argument("--scale", type=float, default=1.0, help="fraction of the default group counts")
+    transport.add_argument("--fsync", default="interval", choices=["always", "interval", "never"],
+                           help="the buffer's write-ahead-log fsync policy")
+    transport.add_argument("--workdir", type=Path, help="where the buffer keeps its log (default: a temp dir)")
+    transport.set_defaults(measure=_bench_transport)
     bench.set_defaults(run=cmd_bench)
+    for name in BENCH_MODULES:
+        importlib.import_module(name).register_bench(benches)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 
