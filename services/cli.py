@@ -39,8 +39,7 @@ def cmd_serve(args) -> int:
     # One JSON line that supervisors and tests wait for; it gives the bound port when 0 was asked.
     print(json.dumps({"service": args.service, "address": host.address, "metrics_port": host.metrics_port}),
           flush=True)
-    host.run_until_signal()
-    return 0
+    return host.run_until_signal()
 
 
 def cmd_config(args) -> int:
@@ -81,7 +80,7 @@ def _bench_transport(args) -> dict:
 
 # Each area adds its own subcommands here: a module with `register(subparsers)` (and, for benchmarks,
 # `register_bench(bench_subparsers)` whose parsers set `measure` to a function returning the figures).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES = ("zerobubble.tiny.commands", "zerobubble.launcher.commands", "zerobubble.runs.plot")
 BENCH_MODULES: tuple[str, ...] = ()
 
 

@@ -77,6 +77,8 @@ class ServiceHost:
         self._metrics_server: Any = None
         self._service_names: list[str] = []
         self._stopped = threading.Event()
+        self._exit = threading.Event()
+        self.exit_code = 0
         interceptors = [BearerTokenCheck(config.auth_token)] if config.auth_token else []
         limit = config.max_message_bytes
         self._server = grpc.server(
@@ -137,16 +139,24 @@ class ServiceHost:
             self._metrics_server.server_close()
         log.info("%s stopped", self.name)
 
-    def run_until_signal(self) -> None:
-        """Serve until SIGTERM or SIGINT (main thread only), then stop gracefully."""
-        received = threading.Event()
+    def exit(self, code: int, reason: str) -> None:
+        """Ask run_until_signal to stop the service and return `code`: a background job (a worker loop,
+        a training run) has finished (0) or failed (non-zero) and the process has nothing left to do."""
+        (log.info if code == 0 else log.error)("%s: %s", self.name, reason)
+        self.exit_code = code
+        self._exit.set()
+
+    def run_until_signal(self) -> int:
+        """Serve until SIGTERM or SIGINT (main thread only) or exit(), then stop gracefully; returns the
+        process exit code."""
 
         def handle(signum, _frame):
             log.info("%s: %s received, shutting down", self.name, signal.Signals(signum).name)
-            received.set()
+            self._exit.set()
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
-        while not received.wait(0.5):
+        while not self._exit.wait(0.5):
             pass
         self.stop()
+        return self.exit_code

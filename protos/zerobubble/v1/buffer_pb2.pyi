@@ -16,18 +16,22 @@ class LeaseRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class LeaseReply(_message.Message):
-    __slots__ = ("lease_id", "prompts", "expires_in_seconds", "end_of_data", "policy_version")
+    __slots__ = ("lease_id", "prompts", "expires_in_seconds", "end_of_data", "policy_version", "epoch_size", "epoch_finished")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     END_OF_DATA_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FINISHED_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     prompts: _containers.RepeatedCompositeFieldContainer[_common_pb2.Prompt]
     expires_in_seconds: float
     end_of_data: bool
     policy_version: int
-    def __init__(self, lease_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[_common_pb2.Prompt, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ..., end_of_data: _Optional[bool] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    epoch_size: int
+    epoch_finished: int
+    def __init__(self, lease_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[_common_pb2.Prompt, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ..., end_of_data: _Optional[bool] = ..., policy_version: _Optional[int] = ..., epoch_size: _Optional[int] = ..., epoch_finished: _Optional[int] = ...) -> None: ...
 
 class CompleteLeaseRequest(_message.Message):
     __slots__ = ("lease_id", "prompt_ids")

@@ -1,0 +1,87 @@
+"""Assembles a rollout worker: engine, clients, weight receiver, evaluator, worker loop, servicer, host."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from zerobubble.buffer.client import BufferClient
+from zerobubble.common.server import ServiceHost
+from zerobubble.reward.client import RewardClient
+from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.rollout.engines import make_engine
+from zerobubble.rollout.evaluation import Evaluator
+from zerobubble.rollout.metrics import RolloutMetrics
+from zerobubble.rollout.servicer import RolloutServicer
+from zerobubble.rollout.worker import RolloutWorker
+from zerobubble.v1 import rollout_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+CONFIG_SCHEMA = RolloutServiceConfig
+
+
+class RolloutHost(ServiceHost):
+    """Serves the worker's RPCs and runs its loop on a thread; the process ends with 1 if the loop fails."""
+
+    def __init__(self, config: RolloutServiceConfig):
+        super().__init__("rollout", config.server)
+        model = config.model
+        device = model.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.engine = make_engine(model.engine, model.path, device=device, dtype=model.dtype,
+                                  seed=config.generation.seed)
+        metrics = RolloutMetrics(self.registry)
+        metrics.policy_version.set(self.engine.policy_version)
+        self.buffer = BufferClient(config.buffer)
+        self.reward = RewardClient(config.reward_service)
+        self.receiver = None
+        if config.trainer is not None:
+            from zerobubble.rollout.weight_receiver import WeightReceiver
+            from zerobubble.trainer.client import TrainerClient
+
+            self.receiver = WeightReceiver(TrainerClient(config.trainer), config.worker_id,
+                                           device=device,
+                                           registry=self.registry)
+        self.worker = RolloutWorker(config, self.engine, self.buffer, self.reward, metrics=metrics,
+                                    receiver=self.receiver)
+        if config.eval.datasets:
+            self.worker.evaluator = Evaluator(
+                config.eval, prompts=self.worker.prompts, reward=self.reward, verifier=config.reward.verifier,
+                metrics=metrics, max_new_tokens=config.generation.max_new_tokens,
+                stop=tuple(config.generation.stop), seed=config.generation.seed,
+            )
+        self.add(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
+                 RolloutServicer(self.worker, model.engine), "zerobubble.v1.RolloutService")
+        self._loop = threading.Thread(target=self._run_worker, name="rollout-worker", daemon=True)
+
+    def _run_worker(self) -> None:
+        self.worker.run()
+        if self.worker.error is not None:
+            self.exit(1, f"the worker loop failed: {self.worker.error!r}")
+
+    def start(self) -> RolloutHost:
+        super().start()
+        if self.receiver is not None:
+            self.receiver.start()
+        self._loop.start()
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        self.worker.stop()
+        super().stop(grace)
+        if self._loop.is_alive():
+            self._loop.join(timeout=60)
+        if self.receiver is not None:
+            self.receiver.close()
+        self.engine.close()
+        self.buffer.close()
+        self.reward.close()
+
+
+def build(config: RolloutServiceConfig) -> RolloutHost:
+    """A rollout worker with its engine loaded, not yet started (call `start()`)."""
+    return RolloutHost(config)

@@ -1,0 +1,78 @@
+"""The rollout service's configuration schema (all defaults are here)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from zerobubble.common.config import ClientConfig, Schema, ServerConfig
+
+
+def _default_worker_id() -> str:
+    return f"rollout-{socket.gethostname()}-{os.getpid()}"
+
+
+class ModelConfig(Schema):
+    path: Path = Field(description="an HF-format model folder (config, weights, tokenizer with a chat template)")
+    engine: Literal["transformers", "vllm"] = "transformers"
+    device: str = Field("auto", description="auto (cuda when present, else cpu), cpu, cuda, cuda:N")
+    dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on GPUs that have it, else fp32")
+
+
+class GenerationConfig(Schema):
+    num_generations: int = Field(8, gt=0, description="responses per prompt: one experience group")
+    prompts_per_batch: int = Field(8, gt=0, description="prompts leased and generated together")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, description="-1 turns it off")
+    max_new_tokens: int = Field(256, gt=0)
+    max_prompt_tokens: int = Field(512, gt=0, description="longer prompts lose the start of their content, "
+                                   "never the chat template around it")
+    stop: list[str] = Field(default_factory=list)
+    seed: int = 0
+    anneal_temperature: bool = Field(False, description="the reference's first-epoch annealing: from "
+                                     "`temperature` linearly towards `anneal_to` over the first epoch")
+    anneal_to: float = Field(0.9, ge=0)
+
+
+class RewardConfig(Schema):
+    verifier: Literal["boxed", "think_answer_tags", "code"] = "boxed"
+    system_prompt: str | None = Field(None, description="default: the reference's prompt for the verifier")
+    partial_credit: bool = Field(False, description="code: reward the fraction of tests passed")
+
+
+class EvalConfig(Schema):
+    datasets: dict[str, Path] = Field(default_factory=dict, description="name -> JSONL in the training format")
+    interval: int = Field(0, ge=0, description="evaluate every this many policy versions (0: never)")
+    at_start: bool = Field(True, description="also evaluate the starting weights")
+    samples_per_prompt: int = Field(4, gt=0, description="n: pass@1 is the mean over them, pass@k uses all")
+    temperature: float = Field(1.0, ge=0)
+    max_prompts: int | None = Field(None, gt=0, description="evaluate only the first N prompts of each set")
+    output_dir: Path = Field(Path("eval"), description="a JSONL of results per version and a summary.jsonl")
+
+
+class RolloutServiceConfig(Schema):
+    server: ServerConfig = ServerConfig(listen="127.0.0.1:50054")
+    worker_id: str = Field(default_factory=_default_worker_id, description="unique per running worker")
+    model: ModelConfig
+    generation: GenerationConfig = GenerationConfig()
+    reward: RewardConfig = RewardConfig()
+    eval: EvalConfig = EvalConfig()
+    buffer: ClientConfig = ClientConfig(address="127.0.0.1:50053")
+    reward_service: ClientConfig = ClientConfig(address="127.0.0.1:50052", timeout_seconds=300.0)
+    trainer: ClientConfig | None = Field(
+        ClientConfig(address="127.0.0.1:50055"),
+        description="where new weights come from (JoinWeightSync); null: keep the starting weights",
+    )
+    backoff_max_seconds: float = Field(5.0, gt=0, description="longest pause between retries of a lost peer")
+    lease_wait_seconds: float = Field(0.5, gt=0, description="pause before asking again after an empty lease")
+
+    @model_validator(mode="after")
+    def _eval_needs_interval(self) -> RolloutServiceConfig:
+        if self.eval.datasets and self.eval.interval == 0 and not self.eval.at_start:
+            raise ValueError("eval.datasets is set but neither eval.interval nor eval.at_start asks for an eval")
+        return self

@@ -1,0 +1,87 @@
+"""Periodic evaluation on held-out sets: n samples per prompt, pass@1 and pass@k, a JSONL per version."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+from zerobubble.buffer.prompts import PromptSource
+from zerobubble.reward.client import RewardClient
+from zerobubble.rollout.config import EvalConfig
+from zerobubble.rollout.engine import Engine, SamplingSettings
+from zerobubble.rollout.experience import score_requests
+from zerobubble.rollout.metrics import RolloutMetrics
+from zerobubble.rollout.prompting import PromptBuilder
+
+log = logging.getLogger(__name__)
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which `correct` passed (Chen et al. 2021, the Codex paper)."""
+    if n - correct < k:
+        return 1.0
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+class Evaluator:
+    def __init__(self, config: EvalConfig, *, prompts: PromptBuilder, reward: RewardClient, verifier: str,
+                 metrics: RolloutMetrics, max_new_tokens: int, stop: tuple[str, ...] = (), seed: int = 0):
+        self.config = config
+        self.prompts = prompts
+        self.reward = reward
+        self.verifier = verifier
+        self.metrics = metrics
+        self.sampling = SamplingSettings(n=config.samples_per_prompt, temperature=config.temperature,
+                                         max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+        self.datasets = {name: PromptSource.load(path, shuffle=False) for name, path in config.datasets.items()}
+        self.done: set[int] = set()
+
+    def due(self, version: int) -> bool:
+        if not self.datasets or version in self.done:
+            return False
+        if not self.done:
+            return self.config.at_start or (self.config.interval > 0 and version % self.config.interval == 0)
+        return self.config.interval > 0 and version >= max(self.done) + self.config.interval
+
+    def maybe_run(self, engine: Engine) -> list[dict] | None:
+        version = engine.policy_version
+        if not self.due(version):
+            return None
+        self.done.add(version)
+        return [self.run(engine, name, version) for name in self.datasets]
+
+    def run(self, engine: Engine, name: str, version: int) -> dict:
+        started = time.monotonic()
+        rows = self.datasets[name].rows[: self.config.max_prompts]
+        prompts = [row.to_message(epoch=0) for row in rows]
+        samples = engine.generate([self.prompts.build(p.messages_json) for p in prompts], self.sampling)
+        requests = [r for p, s in zip(prompts, samples, strict=True) for r in score_requests(self.verifier, p, s)]
+        scores = iter(self.reward.score_batch(requests))
+        n, k = self.sampling.n, self.sampling.n
+        directory = self.config.output_dir / name
+        directory.mkdir(parents=True, exist_ok=True)
+        pass1 = passk = 0.0
+        with open(directory / f"version-{version:06d}.jsonl", "w", encoding="utf-8") as out:
+            for prompt, per_prompt in zip(prompts, samples, strict=True):
+                correct = 0
+                for i, sample in enumerate(per_prompt):
+                    score = next(scores)
+                    correct += score.answer_ok
+                    out.write(json.dumps({"prompt_id": prompt.prompt_id, "sample": i, "text": sample.text,
+                                          "reward": score.reward, "answer_ok": score.answer_ok,
+                                          "finish_reason": sample.finish_reason}) + "\n")
+                pass1 += pass_at_k(n, correct, 1)
+                passk += pass_at_k(n, correct, k)
+        summary = {"version": version, "dataset": name, "prompts": len(prompts), "n": n,
+                   "pass@1": pass1 / len(prompts), f"pass@{k}": passk / len(prompts),
+                   "seconds": round(time.monotonic() - started, 3)}
+        with open(Path(self.config.output_dir) / "summary.jsonl", "a", encoding="utf-8") as out:
+            out.write(json.dumps(summary) + "\n")
+        self.metrics.eval_pass_at_1.labels(dataset=name).set(summary["pass@1"])
+        self.metrics.eval_pass_at_k.labels(dataset=name).set(summary[f"pass@{k}"])
+        log.info("eval %s at version %d: pass@1 %.3f pass@%d %.3f", name, version, summary["pass@1"], k,
+                 summary[f"pass@{k}"])
+        return summary

@@ -1,0 +1,56 @@
+"""Scored samples of one prompt -> the ExperienceGroup message the buffer stores."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from zerobubble.common.codec import encode_array
+from zerobubble.reward.client import score_request
+from zerobubble.rollout.engine import Sample
+from zerobubble.v1 import common_pb2, reward_pb2
+
+FINISH_REASONS = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
+
+
+def score_requests(verifier: str, prompt: common_pb2.Prompt, samples: Sequence[Sample], *,
+                   partial_credit: bool = False) -> list[reward_pb2.ScoreRequest]:
+    """One request per sample, carrying the prompt's ground truth (an answer or test cases)."""
+    kind = prompt.WhichOneof("ground_truth")
+    tests = None
+    if kind == "test_cases":
+        tests = {"inputs": list(prompt.test_cases.inputs), "outputs": list(prompt.test_cases.outputs)}
+    gt_answer = prompt.gt_answer if kind == "gt_answer" else None
+    return [
+        score_request(verifier, sample.text, gt_answer, tests, id=f"{prompt.prompt_id}/{i}",
+                      partial_credit=partial_credit)
+        for i, sample in enumerate(samples)
+    ]
+
+
+def experience_group(
+    prompt: common_pb2.Prompt,
+    prompt_ids: Sequence[int],
+    samples: Sequence[Sample],
+    scores: Sequence[reward_pb2.ScoreResult],
+    *,
+    policy_version: int,
+    temperature: float,
+    producer_id: str,
+    sequence: int,
+    lease_id: str,
+) -> common_pb2.ExperienceGroup:
+    group = common_pb2.ExperienceGroup(
+        prompt=prompt, prompt_ids=encode_array(np.asarray(prompt_ids, dtype=np.int32)),
+        producer_id=producer_id, sequence=sequence, lease_id=lease_id,
+    )
+    for sample, score in zip(samples, scores, strict=True):
+        group.trajectories.append(common_pb2.Trajectory(
+            response_ids=encode_array(sample.token_ids.astype(np.int32, copy=False)),
+            behaviour_logprobs=encode_array(sample.logprobs.astype(np.float32, copy=False)),
+            finish_reason=FINISH_REASONS[sample.finish_reason],
+            reward=score.reward, format_ok=score.format_ok, answer_ok=score.answer_ok,
+            policy_version=policy_version, temperature=temperature, response_text=sample.text,
+        ))
+    return group

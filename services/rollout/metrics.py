@@ -1,0 +1,39 @@
+"""Prometheus view of a rollout worker."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "zerobubble_rollout"
+
+
+class RolloutMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.tokens = Counter(f"{PREFIX}_tokens", "response tokens generated", registry=registry)
+        self.prompts = Counter(f"{PREFIX}_prompts", "prompts generated for", registry=registry)
+        self.tokens_per_second = Gauge(f"{PREFIX}_tokens_per_second", "generation speed of the last batch",
+                                       registry=registry)
+        self.batch_seconds = Histogram(
+            f"{PREFIX}_batch_seconds", "engine time of one batch of prompts", registry=registry,
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        )
+        self.reward_wait = Counter(f"{PREFIX}_reward_wait_seconds", "time spent waiting on the reward service",
+                                   registry=registry)
+        self.buffer_wait = Counter(f"{PREFIX}_buffer_wait_seconds", "time spent waiting on the buffer service",
+                                   registry=registry)
+        self.groups_pushed = Counter(f"{PREFIX}_groups_pushed", "groups the buffer stored", registry=registry)
+        self.groups_not_stored = Counter(f"{PREFIX}_groups_not_stored", "groups acknowledged but not stored",
+                                         ["reason"], registry=registry)
+        self.policy_version = Gauge(f"{PREFIX}_policy_version", "weights version the engine generates with",
+                                    registry=registry)
+        self.eval_pass_at_1 = Gauge(f"{PREFIX}_eval_pass_at_1", "last evaluation's pass@1", ["dataset"],
+                                    registry=registry)
+        self.eval_pass_at_k = Gauge(f"{PREFIX}_eval_pass_at_k", "last evaluation's pass@k", ["dataset"],
+                                    registry=registry)
+
+    def observe_batch(self, *, tokens: int, prompts: int, seconds: float) -> None:
+        self.tokens.inc(tokens)
+        self.prompts.inc(prompts)
+        self.batch_seconds.observe(seconds)
+        if seconds > 0:
+            self.tokens_per_second.set(tokens / seconds)

@@ -1,0 +1,39 @@
+"""Calls to a peer service that must eventually succeed: a worker outlives a restarting buffer or reward
+service instead of dying with it."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# A peer that is down, restarting or overloaded: worth waiting for. Any other status is a bug to surface.
+TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+class Stopped(Exception):
+    """The worker was asked to stop while it waited for a peer."""
+
+
+def until_done(call: Callable[[], T], *, what: str, stop: threading.Event, max_backoff: float) -> T:
+    """Retry `call` with capped exponential backoff while the peer is unavailable; raise Stopped on stop."""
+    backoff = 0.1
+    while True:
+        if stop.is_set():
+            raise Stopped(what)
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            if exc.code() not in TRANSIENT:
+                raise
+            log.warning("%s: %s (%s); retrying in %.1f s", what, exc.code().name, exc.details(), backoff)
+        if stop.wait(backoff * random.uniform(0.75, 1.25)):
+            raise Stopped(what)
+        backoff = min(max_backoff, backoff * 2)

@@ -1,0 +1,71 @@
+"""Turn a leased prompt into the token ids the engine generates from."""
+
+from __future__ import annotations
+
+import json
+
+# The reference's default system prompt per reward type (Colossal-RL README, "reward types").
+SYSTEM_PROMPTS = {
+    "boxed": "Please reason step by step, and put your final answer within \\boxed{}.",
+    "think_answer_tags": (
+        "You are a helpful assistant. The assistant first thinks about the reasoning process in the mind and "
+        "then provides the user with the answer. The reasoning process and answer are enclosed within "
+        "<think> </think> and<answer> </answer> tags, respectively, i.e., <think> reasoning process here "
+        "</think><answer> answer here </answer>. Now the user asks you to solve a math problem that involves "
+        "reasoning. After thinking, when you finally reach a conclusion, clearly output the final answer "
+        "without explanation within the <answer> </answer> tags, i.e., <answer> 123 </answer>.\n\n"
+    ),
+    "code": "You are a helpful assistant.",
+}
+
+
+def system_prompt(verifier: str, override: str | None) -> str:
+    """The configured system prompt, or the reference's default for the verifier."""
+    return SYSTEM_PROMPTS[verifier] if override is None else override
+
+
+class PromptTooLong(ValueError):
+    """Even with its content emptied, the templated prompt does not fit in max_prompt_tokens."""
+
+
+class PromptBuilder:
+    """Applies the chat template with the verifier's system prompt, and fits the result into a token budget
+    by cutting the start of the last user message's content, so the template (the assistant header
+    above all, which the reference cut off) always survives."""
+
+    def __init__(self, tokenizer, system_prompt: str, max_prompt_tokens: int):
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.max_prompt_tokens = max_prompt_tokens
+
+    def messages(self, messages_json: str) -> list[dict[str, str]]:
+        messages = json.loads(messages_json)
+        if isinstance(messages, dict):
+            messages = [messages]
+        if self.system_prompt and not any(m.get("role") == "system" for m in messages):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        return messages
+
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def build(self, messages_json: str) -> list[int]:
+        messages = self.messages(messages_json)
+        ids = self.render(messages)
+        if len(ids) <= self.max_prompt_tokens:
+            return ids
+        last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        content_ids = self.tokenizer.encode(messages[last_user]["content"], add_special_tokens=False)
+        keep = len(content_ids) - (len(ids) - self.max_prompt_tokens)
+        # Re-encoding a cut text can merge tokens differently at the seam: shrink until it fits.
+        while keep > 0:
+            cut = dict(messages[last_user], content=self.tokenizer.decode(content_ids[-keep:]))
+            ids = self.render([*messages[:last_user], cut, *messages[last_user + 1:]])
+            if len(ids) <= self.max_prompt_tokens:
+                return ids
+            keep -= max(1, len(ids) - self.max_prompt_tokens)
+        raise PromptTooLong(
+            f"the chat template and system prompt alone take more than generation.max_prompt_tokens="
+            f"{self.max_prompt_tokens} tokens"
+        )

@@ -1,0 +1,221 @@
+"""The rollout worker loop: lease prompts, generate, score, push, complete the lease.
+
+Scoring and pushing a batch run on a second thread while the next batch generates, so the engine does
+not wait on the reward service. New weights are applied only between generate calls (the safe point).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from zerobubble.buffer.client import BufferClient
+from zerobubble.reward.client import RewardClient
+from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
+from zerobubble.rollout.experience import experience_group, score_requests
+from zerobubble.rollout.metrics import RolloutMetrics
+from zerobubble.rollout.persistence import Stopped, until_done
+from zerobubble.rollout.prompting import PromptBuilder, system_prompt
+from zerobubble.v1 import buffer_pb2, common_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GeneratedBatch:
+    lease: buffer_pb2.LeaseReply
+    prompt_ids: list[list[int]]
+    samples: list[list[Sample]]
+    policy_version: int
+    temperature: float
+
+
+def annealed_temperature(start: float, end: float, epoch: int, progress: float) -> float:
+    """The reference's first-episode annealing: linear from `start` towards `end`, then `end`."""
+    if epoch > 0:
+        return end
+    return start + (end - start) * min(max(progress, 0.0), 1.0)
+
+
+class RolloutWorker:
+    def __init__(self, config: RolloutServiceConfig, engine: Engine, buffer: BufferClient, reward: RewardClient,
+                 *, metrics: RolloutMetrics, receiver=None, evaluator=None):
+        self.config = config
+        self.engine = engine
+        self.buffer = buffer
+        self.reward = reward
+        self.metrics = metrics
+        self.receiver = receiver
+        self.evaluator = evaluator
+        prompt = system_prompt(config.reward.verifier, config.reward.system_prompt)
+        self.prompts = PromptBuilder(engine.tokenizer, prompt, config.generation.max_prompt_tokens)
+        # One engine, shared with the Generate RPC: whoever holds this lock is generating or loading weights.
+        self.engine_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.running = threading.Event()
+        self.running.set()
+        self.finished = threading.Event()
+        self.drained = threading.Event()
+        self.error: BaseException | None = None
+        self.groups_pushed = 0
+        self.tokens_per_second = 0.0
+        self._sequence = 0
+        self._batches = 0
+        self._scoring: queue.Queue[GeneratedBatch | None] = queue.Queue(maxsize=1)
+
+    # -- control ---------------------------------------------------------------------------------
+    def pause(self) -> None:
+        self.running.clear()
+
+    def resume(self) -> None:
+        self.running.set()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self.running.is_set()
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Work until stop() is called. After the end of the data the worker idles at its safe point, still
+        loading new weights and running due evaluations, since the trainer goes on with the last groups."""
+        finisher = threading.Thread(target=self._finish_batches, name="rollout-finisher", daemon=True)
+        finisher.start()
+        try:
+            self._generate_batches()
+        except Stopped:
+            pass
+        except BaseException as exc:
+            self.error = exc
+            log.exception("rollout worker failed")
+        finally:
+            self._scoring.put(None)
+            finisher.join()
+            self.finished.set()
+
+    def _generate_batches(self) -> None:
+        while not self.stopping.is_set():
+            self.safe_point()
+            started = time.monotonic()
+            lease = self._persist(lambda: self.buffer.lease(self.config.worker_id,
+                                                            self.config.generation.prompts_per_batch), "lease")
+            self.metrics.buffer_wait.inc(time.monotonic() - started)
+            if lease.end_of_data:
+                log.info("the buffer has no more prompts: generation is done")
+                self.drained.set()
+                while not self.stopping.wait(self.config.lease_wait_seconds):
+                    self.safe_point()
+                return
+            if not lease.prompts:
+                self.stopping.wait(self.config.lease_wait_seconds)
+                continue
+            batch = self._generate(lease)
+            self._scoring.put(batch)
+            if self.error is not None:
+                raise self.error
+
+    def safe_point(self) -> None:
+        """Between generate calls: wait while paused, load new weights, run a due evaluation."""
+        while not self.running.wait(0.2):
+            pass
+        if self.receiver is not None:
+            with self.engine_lock:
+                if self.receiver.apply_to(self.engine):
+                    self.metrics.policy_version.set(self.engine.policy_version)
+                    log.info("loaded weights of policy version %d", self.engine.policy_version)
+        if self.evaluator is not None:
+            with self.engine_lock:
+                self.evaluator.maybe_run(self.engine)
+
+    def _generate(self, lease: buffer_pb2.LeaseReply) -> GeneratedBatch:
+        gen = self.config.generation
+        temperature = gen.temperature
+        if gen.anneal_temperature:
+            progress = lease.epoch_finished / lease.epoch_size if lease.epoch_size else 0.0
+            temperature = annealed_temperature(gen.temperature, gen.anneal_to, lease.prompts[0].epoch, progress)
+        sampling = SamplingSettings(
+            n=gen.num_generations, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
+            max_new_tokens=gen.max_new_tokens, stop=tuple(gen.stop), seed=gen.seed + self._batches,
+        )
+        self._batches += 1
+        prompt_ids = [self.prompts.build(p.messages_json) for p in lease.prompts]
+        started = time.monotonic()
+        with self.engine_lock:
+            samples = self.engine.generate(prompt_ids, sampling)
+            version = self.engine.policy_version
+        seconds = time.monotonic() - started
+        tokens = sum(len(s.token_ids) for group in samples for s in group)
+        self.tokens_per_second = tokens / seconds if seconds > 0 else 0.0
+        self.metrics.observe_batch(tokens=tokens, prompts=len(prompt_ids), seconds=seconds)
+        return GeneratedBatch(lease, prompt_ids, samples, version, temperature)
+
+    def _finish_batches(self) -> None:
+        while (batch := self._scoring.get()) is not None:
+            if self.error is not None:
+                continue
+            try:
+                self._finish(batch)
+            except Stopped:
+                self.stopping.set()
+            except BaseException as exc:
+                self.error = exc
+                log.exception("scoring or pushing a batch failed")
+                self.stopping.set()
+
+    def _finish(self, batch: GeneratedBatch) -> None:
+        verifier, partial = self.config.reward.verifier, self.config.reward.partial_credit
+        requests = [score_requests(verifier, prompt, samples, partial_credit=partial)
+                    for prompt, samples in zip(batch.lease.prompts, batch.samples, strict=True)]
+        flat = [r for per_prompt in requests for r in per_prompt]
+        started = time.monotonic()
+        results = self._persist(lambda: self.reward.score_batch(flat), "score")
+        self.metrics.reward_wait.inc(time.monotonic() - started)
+        groups, offset = [], 0
+        for prompt, ids, samples in zip(batch.lease.prompts, batch.prompt_ids, batch.samples, strict=True):
+            scores = results[offset:offset + len(samples)]
+            offset += len(samples)
+            self._sequence += 1
+            groups.append(experience_group(
+                prompt, ids, samples, scores, policy_version=batch.policy_version,
+                temperature=batch.temperature, producer_id=self.config.worker_id, sequence=self._sequence,
+                lease_id=batch.lease.lease_id,
+            ))
+        started = time.monotonic()
+        self._push(groups)
+        self._persist(lambda: self.buffer.complete(batch.lease.lease_id), "complete lease")
+        self.metrics.buffer_wait.inc(time.monotonic() - started)
+
+    def _push(self, groups: list[common_pb2.ExperienceGroup]) -> None:
+        """Push until every group is acknowledged; a broken stream resends the rest with the same
+        sequence numbers, which the buffer stores once."""
+        pending = {g.sequence: g for g in groups}
+
+        def attempt() -> None:
+            for ack in self.buffer.push(list(pending.values())):
+                group = pending.pop(ack.sequence, None)
+                if ack.code:
+                    log.error("the buffer refused group %s of prompt %s: %s", ack.sequence,
+                              group.prompt.prompt_id if group else "?", ack.error)
+                elif ack.stored:
+                    self.groups_pushed += 1
+                    self.metrics.groups_pushed.inc()
+                else:
+                    self.metrics.groups_not_stored.labels(reason=ack.filtered or "duplicate").inc()
+
+        while pending:
+            self._persist(attempt, "push")
+
+    def _persist(self, call, what: str):
+        return until_done(call, what=what, stop=self.stopping, max_backoff=self.config.backoff_max_seconds)
+
+    # -- for the Generate RPC and Status -----------------------------------------------------------
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> tuple[list[list[Sample]], int]:
+        with self.engine_lock:
+            return self.engine.generate(prompt_ids, sampling), self.engine.policy_version

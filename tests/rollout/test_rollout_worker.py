@@ -1,0 +1,126 @@
+"""A real rollout worker (tiny model, transformers engine) between a real reward service and a real buffer."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import grpc
+import numpy as np
+import pytest
+from stack import start_buffer, start_reward, tiny_assets
+
+from zerobubble.buffer.client import BufferClient
+from zerobubble.common.codec import decode_array
+from zerobubble.common.config import load_config
+from zerobubble.rollout.app import build
+from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
+
+GENERATIONS = 4
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return tiny_assets(tmp_path_factory.mktemp("tiny"), train_size=12, eval_size=4)
+
+
+def rollout_config(model, buffer_address, reward_address, tmp_path, **overrides) -> RolloutServiceConfig:
+    settings = {
+        "server.listen": "127.0.0.1:0", "server.metrics_port": None, "server.grace_seconds": 0.5,
+        "worker_id": "worker-a", "model.path": str(model), "trainer": None,
+        "generation.num_generations": GENERATIONS, "generation.prompts_per_batch": 4,
+        "generation.max_new_tokens": 8, "buffer.address": buffer_address,
+        "reward_service.address": reward_address, "reward_service.retry_seconds": 0.5,
+        "backoff_max_seconds": 0.5, "lease_wait_seconds": 0.1, **overrides,
+    }
+    return load_config(RolloutServiceConfig, None, settings)
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_worker_turns_every_prompt_into_one_scored_group(assets, tmp_path):
+    model, train, held_out = assets
+    reward = start_reward()
+    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    config = rollout_config(model, buffer.address, reward.address, tmp_path, **{
+        "eval.datasets": {"heldout": str(held_out)}, "eval.samples_per_prompt": 2,
+        "eval.output_dir": str(tmp_path / "eval"),
+    })
+    host = build(config).start()
+    try:
+        wait_for(host.worker.drained.is_set, 120, "the worker to finish the data")
+        with BufferClient(buffer.address) as client:
+            pulled = client.pull(0, 1, 1000, wait_seconds=0.5)
+        prompt_ids = [g.group.prompt.prompt_id for g in pulled.groups]
+        assert sorted(prompt_ids) == sorted(set(prompt_ids)) and len(prompt_ids) == 12
+        for pulled_group in pulled.groups:
+            group = pulled_group.group
+            assert group.producer_id == "worker-a" and len(group.trajectories) == GENERATIONS
+            prompt = decode_array(group.prompt_ids, "prompt_ids")
+            assert prompt.size > 0
+            for trajectory in group.trajectories:
+                ids = decode_array(trajectory.response_ids, "response_ids")
+                logprobs = decode_array(trajectory.behaviour_logprobs, "behaviour_logprobs")
+                assert 0 < ids.size <= 8 and logprobs.shape == ids.shape and np.all(logprobs <= 0)
+                assert trajectory.policy_version == 0 and trajectory.temperature == pytest.approx(1.0)
+                assert trajectory.reward == (1.0 if trajectory.answer_ok else 0.0)
+        summary = [json.loads(line) for line in (tmp_path / "eval" / "summary.jsonl").read_text().splitlines()]
+        assert summary[0]["version"] == 0 and summary[0]["prompts"] == 4 and 0 <= summary[0]["pass@1"] <= 1
+        assert (tmp_path / "eval" / "heldout" / "version-000000.jsonl").read_text().count("\n") == 8
+
+        with grpc.insecure_channel(host.address) as channel:
+            stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+            messages = json.dumps([{"role": "user", "content": "3+4="}])
+            reply = stub.Generate(rollout_pb2.GenerateRequest(
+                prompts=[messages], sampling=rollout_pb2.SamplingParams(n=3, temperature=1.0, max_new_tokens=5)),
+                timeout=60)
+            assert len(reply.completions) == 3
+            assert all(0 < decode_array(c.token_ids, "token_ids").size <= 5 for c in reply.completions)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Generate(rollout_pb2.GenerateRequest(prompts=["not json"]), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "prompts[0]" in refused.value.details()
+            stub.Pause(rollout_pb2.PauseRequest(), timeout=5)
+            status = stub.Status(rollout_pb2.RolloutStatusRequest(), timeout=5)
+            assert status.paused and status.groups_pushed == 12 and status.worker_id == "worker-a"
+            stub.Resume(rollout_pb2.ResumeRequest(), timeout=5)
+            assert not stub.Status(rollout_pb2.RolloutStatusRequest(), timeout=5).paused
+    finally:
+        host.stop(0.5)
+        buffer.stop(0.5)
+        reward.stop(0.5)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_worker_waits_for_a_missing_reward_service_and_resumes(assets, tmp_path):
+    model, train, _ = assets
+    port = free_port()
+    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS,
+                                                      "leases.timeout_seconds": 60})
+    host = build(rollout_config(model, buffer.address, f"127.0.0.1:{port}", tmp_path)).start()
+    reward = None
+    try:
+        time.sleep(3)
+        assert host.worker.error is None and host.worker.groups_pushed == 0
+        assert buffer.core.stats()["groups_in"] == 0
+        reward = start_reward(**{"server.listen": f"127.0.0.1:{port}"})
+        wait_for(host.worker.drained.is_set, 120, "the worker to finish once the reward service is back")
+        assert buffer.core.stats()["groups_in"] == 12 and host.worker.error is None
+    finally:
+        host.stop(0.5)
+        buffer.stop(0.5)
+        if reward is not None:
+            reward.stop(0.5)
