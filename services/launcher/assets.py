@@ -1,0 +1,60 @@
+"""The model and data a run starts from: the user's, or the tiny model and arithmetic task made here
+(cached by their settings, so a second run starts at once)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerobubble.launcher.config import UpConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunAssets:
+    model: Path
+    train: Path
+    eval: Path | None
+
+
+def prepare_assets(config: UpConfig, cache: Path) -> RunAssets:
+    task = config.task
+    train, held_out = config.train_data, config.eval_data
+    if train is None:
+        from zerobubble.tiny.task import make_arithmetic_task
+
+        task_dir = cache / f"arithmetic-{task.train_size}-{task.eval_size}-{task.seed}"
+        if not (task_dir / "eval.jsonl").exists():
+            make_arithmetic_task(task_dir, train_size=task.train_size, eval_size=task.eval_size, seed=task.seed)
+        train = task_dir / "train.jsonl"
+        held_out = held_out or task_dir / "eval.jsonl"
+    model = config.model
+    if model is None:
+        model = _tiny_model(config, train, cache)
+    return RunAssets(model=model, train=train, eval=held_out)
+
+
+def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
+    from zerobubble.tiny.model import make_tiny_model
+    from zerobubble.tiny.warm_start import warm_start
+
+    tiny = config.tiny_model
+    directory = cache / f"tiny-{tiny.size}-seed{tiny.seed}-warm{tiny.warm_start_steps}-{train.parent.name}"
+    if (directory / "ready.json").exists():
+        return directory
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    log.info("making the tiny model (%s) in %s", tiny.size, directory)
+    make_tiny_model(partial, size=tiny.size, seed=tiny.seed)
+    figures = {}
+    if tiny.warm_start_steps:
+        log.info("warm start: %d supervised steps on %s", tiny.warm_start_steps, train)
+        figures = warm_start(partial, train, steps=tiny.warm_start_steps, seed=tiny.seed)
+    (partial / "ready.json").write_text(json.dumps(figures, default=str))
+    shutil.rmtree(directory, ignore_errors=True)
+    partial.rename(directory)
+    return directory

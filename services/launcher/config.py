@@ -1,0 +1,82 @@
+"""`zerobubble up`: one run of the whole pipeline on this machine, and the service configs it derives.
+
+The knobs several services must agree on (group size, response length, staleness bound, the dynamic
+sampling range) are set once here; each service section takes any other field of that service's schema.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field
+
+from zerobubble.common.config import ConfigError, Schema, load_config
+
+
+class TinyModel(Schema):
+    size: str = Field("2m", description="preset of `zerobubble make-tiny-model`")
+    seed: int = 0
+    warm_start_steps: int = Field(300, ge=0, description="supervised steps before RL (0: none)")
+
+
+class ArithmeticTask(Schema):
+    train_size: int = Field(2000, gt=0)
+    eval_size: int = Field(200, gt=0)
+    seed: int = 0
+
+
+class PipelineConfig(Schema):
+    num_generations: int = Field(8, gt=1, description="responses per prompt (rollout and buffer)")
+    max_new_tokens: int = Field(16, gt=0, description="response limit (rollout, trainer loss and overlong rules)")
+    max_staleness: int | None = Field(None, ge=0, description="0: strictly on-policy; null: unbounded")
+    rollout_workers: int = Field(1, gt=0)
+
+
+class UpConfig(Schema):
+    run_dir: Path = Field(Path("runs/demo"), description="everything the run writes")
+    model: Path | None = Field(None, description="an HF model folder; null: make the tiny model (cached)")
+    tiny_model: TinyModel = TinyModel()
+    train_data: Path | None = Field(None, description="training JSONL; null: make the arithmetic task")
+    eval_data: Path | None = Field(None, description="held-out JSONL; null: the arithmetic task's")
+    task: ArithmeticTask = ArithmeticTask()
+    pipeline: PipelineConfig = PipelineConfig()
+    startup_timeout_seconds: float = Field(300.0, gt=0)
+    final_eval: bool = Field(True, description="evaluate the last checkpoint after training")
+    reward: dict[str, Any] = Field(default_factory=dict, description="fields of the reward service config")
+    buffer: dict[str, Any] = Field(default_factory=dict, description="fields of the buffer service config")
+    trainer: dict[str, Any] = Field(default_factory=dict, description="fields of the trainer service config")
+    rollout: dict[str, Any] = Field(default_factory=dict, description="fields of every rollout worker's config")
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Nested dicts merged key by key; anything else in `overrides` replaces what `base` had."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def write_yaml(path: Path, tree: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(_plain(tree), sort_keys=False))
+    return path
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def validated(schema, tree: dict[str, Any], where: str):
+    """The service config a section gives, checked before any process starts; errors name the section."""
+    try:
+        return load_config(schema, None, tree)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None

@@ -1,0 +1,40 @@
+"""After a run: the held-out set on the last checkpoint, written beside the workers' periodic evals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from zerobubble.common.config import load_config
+from zerobubble.launcher.config import UpConfig
+from zerobubble.reward.client import RewardClient
+from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.rollout.engines import make_engine
+from zerobubble.rollout.evaluation import Evaluator
+from zerobubble.rollout.metrics import RolloutMetrics
+from zerobubble.rollout.prompting import PromptBuilder, system_prompt
+from zerobubble.trainer.checkpoints import STATE_FILE, latest_checkpoint
+
+
+def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_address: str, up: UpConfig) -> dict | None:
+    checkpoint = latest_checkpoint(run_dir / "trainer" / "checkpoints")
+    if checkpoint is None:
+        return None
+    version = json.loads((checkpoint / STATE_FILE).read_text())["policy_version"]
+    # Sample exactly as the first worker's periodic evaluation does, so the figures compare.
+    rollout = load_config(RolloutServiceConfig, run_dir / "configs" / "rollout-0.yaml")
+    engine = make_engine("transformers", checkpoint, device="cpu", dtype="fp32", seed=rollout.generation.seed)
+    prompts = PromptBuilder(engine.tokenizer, system_prompt(rollout.reward.verifier, rollout.reward.system_prompt),
+                            rollout.generation.max_prompt_tokens)
+    eval_config = rollout.eval.model_copy(update={"datasets": {"heldout": eval_data}})
+    with RewardClient(reward_address) as reward:
+        evaluator = Evaluator(eval_config, prompts=prompts, reward=reward, verifier=rollout.reward.verifier,
+                              metrics=RolloutMetrics(CollectorRegistry()),
+                              max_new_tokens=up.pipeline.max_new_tokens, stop=tuple(rollout.generation.stop),
+                              seed=rollout.generation.seed)
+        try:
+            return evaluator.run(engine, "heldout", version)
+        finally:
+            engine.close()

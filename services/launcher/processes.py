@@ -1,0 +1,99 @@
+"""Service processes on one machine: start, wait until healthy, watch, stop in order."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+class ServiceFailed(RuntimeError):
+    """A service process could not start or died when it should not have."""
+
+
+class ServiceProcess:
+    """`zerobubble serve NAME --config FILE` as a child process; its log goes to LOG_DIR/NAME.log."""
+
+    def __init__(self, name: str, service: str, config_path: Path, log_dir: Path):
+        self.name = name
+        self.service = service
+        self.config_path = config_path
+        self.log_path = log_dir / f"{name}.log"
+        self.address = ""
+        self.metrics_port: int | None = None
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float) -> ServiceProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        command = [sys.executable, "-m", "zerobubble.cli", "serve", self.service, "--config", str(self.config_path)]
+        # Children get their own process group so a Ctrl-C reaches the launcher alone, which then stops
+        # them in order instead of all at once.
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        ready = self._read_ready_line(timeout)
+        self.address, self.metrics_port = ready["address"], ready["metrics_port"]
+        threading.Thread(target=self._drain, args=(log,), daemon=True).start()
+        self.wait_healthy(timeout)
+        return self
+
+    def _read_ready_line(self, timeout: float) -> dict:
+        box: list[bytes] = []
+        reader = threading.Thread(target=lambda: box.append(self.process.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not box or not box[0]:
+            self.kill()
+            raise ServiceFailed(f"{self.name} did not start within {timeout:.0f} s; see {self.log_path}")
+        try:
+            return json.loads(box[0])
+        except json.JSONDecodeError:
+            raise ServiceFailed(f"{self.name} printed {box[0][:200]!r} instead of its address") from None
+
+    def _drain(self, log) -> None:
+        for line in self.process.stdout:
+            log.write(line)
+            log.flush()
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if self.exit_code is not None or time.monotonic() > deadline:
+                    raise ServiceFailed(f"{self.name} is not healthy (exit code {self.exit_code}); see "
+                                        f"{self.log_path}")
+                time.sleep(0.2)
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (graceful: in-flight calls finish), then SIGKILL if it does not end in time."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()

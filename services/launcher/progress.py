@@ -1,0 +1,71 @@
+"""The live progress line of `zerobubble up`, read from the trainer's metrics JSONL."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+
+def last_row(path: Path) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8192))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
+def describe(row: dict | None, elapsed: float, samples: float) -> str:
+    if row is None:
+        return f"[{elapsed:6.0f}s] waiting for the first training step"
+    return (f"[{elapsed:6.0f}s] step {row['step']}  reward {row.get('reward_mean', 0):.3f}  "
+            f"accuracy {row.get('answer_accuracy', 0):.3f}  policy v{row['policy_version']}  "
+            f"staleness {row.get('staleness_mean', 0):.2f}  {samples / elapsed if elapsed else 0:.1f} samples/s")
+
+
+class ProgressLine:
+    """One line redrawn in place on a terminal; a plain line every 15 s otherwise (logs, CI)."""
+
+    def __init__(self, run_dir: Path):
+        self.metrics = run_dir / "trainer" / "metrics.jsonl"
+        self.started = time.monotonic()
+        self.samples = 0.0
+        self.seen_step = 0
+        self.live: Live | None = None
+        self.last_print = 0.0
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        if sys.stdout.isatty():
+            self.live = Live(Text(""), console=Console(), refresh_per_second=2, transient=False)
+            self.live.start()
+
+    def refresh(self) -> None:
+        row = last_row(self.metrics)
+        if row is not None and row["step"] > self.seen_step:
+            self.samples += row.get("samples", 0) * (row["step"] - self.seen_step)
+            self.seen_step = row["step"]
+        line = describe(row, time.monotonic() - self.started, self.samples)
+        if self.live is not None:
+            self.live.update(Text(line))
+        elif time.monotonic() - self.last_print > 15:
+            self.last_print = time.monotonic()
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None

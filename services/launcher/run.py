@@ -1,0 +1,166 @@
+"""`zerobubble up`: every service its own process on loopback, started in order and health-checked, a live
+progress line, and a run folder (configs, logs, metrics, rollouts' evals, checkpoints, a plot).
+
+Order: reward, buffer, trainer (it hosts the weight-sync store), rollout workers. The run ends when the
+trainer finishes (exit 0); any other service exit, or a trainer failure, stops everything with an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zerobubble.buffer.config import BufferServiceConfig
+from zerobubble.common.config import ConfigError
+from zerobubble.launcher.assets import RunAssets, prepare_assets
+from zerobubble.launcher.config import UpConfig, merge, validated, write_yaml
+from zerobubble.launcher.processes import ServiceFailed, ServiceProcess
+from zerobubble.launcher.progress import ProgressLine
+from zerobubble.reward.config import RewardServiceConfig
+from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.trainer.config import TrainerServiceConfig
+
+log = logging.getLogger(__name__)
+LOOPBACK = "127.0.0.1:0"
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM reached the launcher."""
+
+
+@dataclass
+class Run:
+    config: UpConfig
+    resume: bool = False
+    services: list[ServiceProcess] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.config.run_dir
+
+    def start(self, name: str, service: str, schema, tree: dict) -> ServiceProcess:
+        validated(schema, tree, f"{service} section")
+        path = write_yaml(self.run_dir / "configs" / f"{name}.yaml", tree)
+        log.info("starting %s", name)
+        process = ServiceProcess(name, service, path, self.run_dir / "logs")
+        self.services.append(process)
+        return process.start(self.config.startup_timeout_seconds)
+
+    def launch(self, assets: RunAssets) -> ServiceProcess:
+        """Start every service in order; returns the trainer."""
+        config, pipeline = self.config, self.config.pipeline
+        reward = self.start("reward", "reward", RewardServiceConfig, merge(
+            {"server": {"listen": LOOPBACK}, "math": {"workers": 1}}, config.reward))
+        trainer_tree = merge({
+            "server": {"listen": LOOPBACK}, "model": assets.model, "run_dir": self.run_dir / "trainer",
+            "resume": self.resume, "batch": {"max_new_tokens": pipeline.max_new_tokens},
+        }, config.trainer)
+        algorithm = validated(TrainerServiceConfig, trainer_tree, "trainer section").algorithm_config()
+        buffer = self.start("buffer", "buffer", BufferServiceConfig, merge({
+            "server": {"listen": LOOPBACK}, "prompts": {"path": assets.train},
+            "wal": {"directory": self.run_dir / "buffer-wal"},
+            "filters": {"num_generations": pipeline.num_generations, "max_staleness": pipeline.max_staleness,
+                        "accuracy_range": algorithm.filter_range},
+        }, config.buffer))
+        trainer = self.start("trainer", "trainer", TrainerServiceConfig,
+                             merge(trainer_tree, {"buffer": {"address": buffer.address}}))
+        for i in range(pipeline.rollout_workers):
+            tree = {
+                "server": {"listen": LOOPBACK}, "worker_id": f"rollout-{i}", "model": {"path": assets.model},
+                "generation": {"num_generations": pipeline.num_generations,
+                               "max_new_tokens": pipeline.max_new_tokens, "seed": 1000 * i},
+                "buffer": {"address": buffer.address}, "reward_service": {"address": reward.address},
+                "trainer": {"address": trainer.address},
+            }
+            if i == 0 and assets.eval is not None:
+                tree["eval"] = {"datasets": {"heldout": assets.eval}, "output_dir": self.run_dir / "eval"}
+            self.start(f"rollout-{i}", "rollout", RolloutServiceConfig, merge(tree, config.rollout))
+        return trainer
+
+    def watch(self, trainer: ServiceProcess, progress: ProgressLine) -> None:
+        """Until the trainer finishes; raises ServiceFailed when any service dies first."""
+        while True:
+            progress.refresh()
+            for process in self.services:
+                code = process.exit_code
+                if code is None:
+                    continue
+                if process is trainer and code == 0:
+                    return
+                raise ServiceFailed(f"{process.name} exited unexpectedly with code {code}; its log: "
+                                    f"{process.log_path}")
+            time.sleep(0.5)
+
+    def stop_all(self) -> None:
+        for process in reversed(self.services):
+            process.stop()
+
+
+def _interrupt(signum, _frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def up(config: UpConfig, *, resume: bool = False, cache: Path | None = None) -> int:
+    """Run the pipeline to the end; returns the exit code (0 done, 1 a service failed, 130 interrupted)."""
+    run = Run(config, resume=resume)
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    write_yaml(config.run_dir / "configs" / "up.yaml", config.model_dump(mode="json"))
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
+    progress = ProgressLine(config.run_dir)
+    try:
+        assets = prepare_assets(config, cache or config.run_dir.parent / ".assets")
+        trainer = run.launch(assets)
+        progress.start()
+        run.watch(trainer, progress)
+        progress.close()
+        if config.final_eval and assets.eval is not None:
+            final_eval(run, assets)
+    except Interrupted as exc:
+        progress.close()
+        print(f"zerobubble up: {exc} received, stopping the services", flush=True)
+        run.stop_all()
+        return 130
+    except (ServiceFailed, ConfigError) as exc:
+        progress.close()
+        print(f"zerobubble up: {exc}", flush=True)
+        run.stop_all()
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    run.stop_all()
+    summary = finish(config.run_dir, time.monotonic() - started)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def final_eval(run: Run, assets: RunAssets) -> None:
+    """The held-out set on the last checkpoint, through the running reward service, into eval/."""
+    from zerobubble.launcher.final_eval import evaluate_checkpoint
+
+    reward = next(p for p in run.services if p.service == "reward")
+    evaluate_checkpoint(run.run_dir, assets.eval, reward.address, run.config)
+
+
+def finish(run_dir: Path, seconds: float) -> dict:
+    """The run's headline figures (first and last evaluation) and its plot."""
+    from zerobubble.runs.plot import plot_run
+
+    summary: dict = {"run_dir": str(run_dir), "wall_seconds": round(seconds, 1)}
+    evals_path = run_dir / "eval" / "summary.jsonl"
+    if evals_path.exists():
+        evals = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
+        if evals:
+            first, last = min(evals, key=lambda e: e["version"]), max(evals, key=lambda e: e["version"])
+            summary.update({"eval_before": first["pass@1"], "eval_after": last["pass@1"],
+                            "version_before": first["version"], "version_after": last["version"]})
+    try:
+        summary["plot"] = str(plot_run(run_dir))
+    except (OSError, ValueError) as exc:
+        log.warning("no plot: %s", exc)
+    return summary

@@ -1,0 +1,114 @@
+"""Assembles the trainer: strategy, reference model, weight broadcaster, training loop, servicer, host.
+
+Under a launcher with WORLD_SIZE > 1 (torchrun) every rank trains its share; rank 0 also serves the
+RPCs on the configured address, hosts the weight-sync store and talks to the buffer for the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from zerobubble.buffer.client import BufferClient
+from zerobubble.common.server import ServiceHost
+from zerobubble.trainer.broadcaster import WeightBroadcaster
+from zerobubble.trainer.config import TrainerServiceConfig
+from zerobubble.trainer.loop import TrainingLoop, write_config
+from zerobubble.trainer.metrics import TrainerMetrics
+from zerobubble.trainer.servicer import SERVICE, TrainerServicer
+from zerobubble.trainer.strategies import make_strategy
+from zerobubble.trainer.update import PolicyUpdate, UpdateSettings
+from zerobubble.v1 import trainer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+CONFIG_SCHEMA = TrainerServiceConfig
+
+
+def reference_model(config: TrainerServiceConfig, device: torch.device, dtype: torch.dtype):
+    """The frozen starting policy for the KL term; loaded only when beta > 0."""
+    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype).to(device).eval()
+    model.requires_grad_(False)
+    return model
+
+
+class TrainerControl:
+    """What the Status and SaveCheckpoint RPCs see of the loop."""
+
+    def __init__(self, loop: TrainingLoop):
+        self.loop = loop
+
+    def status(self) -> dict:
+        return {"step": self.loop.step, "policy_version": self.loop.policy_version,
+                "last_checkpoint": self.loop.last_checkpoint}
+
+    def save_checkpoint(self, tag: str) -> tuple[str, int]:
+        return self.loop.request_checkpoint(tag, timeout=600.0)
+
+
+class TrainerHost(ServiceHost):
+    """Serves the trainer's RPCs and runs training on a thread; the process exits 0 when training is
+    done, 1 if it failed."""
+
+    def __init__(self, config: TrainerServiceConfig):
+        rank = int(os.environ.get("RANK", "0"))
+        server = config.server if rank == 0 else config.server.model_copy(
+            update={"listen": "127.0.0.1:0", "metrics_port": None})
+        super().__init__("trainer", server)
+        torch.manual_seed(config.seed + rank)
+        self.trainer_config = config
+        write_config(config, config.run_dir)
+        self.strategy = make_strategy(config.strategy, config.model)
+        algorithm = config.algorithm_config()
+        reference = None
+        if algorithm.beta > 0:
+            reference = reference_model(config, self.strategy.device, self.strategy.dtype)
+        settings = UpdateSettings(config.batch.mini_batches, config.batch.micro_batch_samples,
+                                  config.batch.max_new_tokens)
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.buffer = BufferClient(config.buffer)
+        self.broadcaster = None
+        if config.weight_sync is not None and self.strategy.rank == 0:
+            self.broadcaster = WeightBroadcaster(config.weight_sync, self.registry).start()
+        self.loop = TrainingLoop(config, self.strategy, PolicyUpdate(self.strategy, algorithm, settings, reference),
+                                 self.buffer, pad_id=pad_id, metrics=TrainerMetrics(self.registry),
+                                 broadcaster=self.broadcaster)
+        self.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
+                 TrainerServicer(self.broadcaster, TrainerControl(self.loop)), SERVICE.full_name)
+        self._thread = threading.Thread(target=self._train, name="trainer-loop", daemon=True)
+
+    def _train(self) -> None:
+        try:
+            if self.trainer_config.resume:
+                self.loop.resume()
+            self.loop.run()
+        except BaseException as exc:
+            log.exception("training failed")
+            self.exit(1, f"training failed: {exc!r}")
+            return
+        self.exit(0, f"training finished at step {self.loop.step} (policy version {self.loop.policy_version})")
+
+    def start(self) -> TrainerHost:
+        super().start()
+        self._thread.start()
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        self.loop.stop()
+        super().stop(grace)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=120)
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+        self.strategy.close()
+        self.buffer.close()
+
+
+def build(config: TrainerServiceConfig) -> TrainerHost:
+    """The trainer with its model loaded, not yet started (call `start()`)."""
+    return TrainerHost(config)

@@ -1,0 +1,97 @@
+"""Ragged experience groups -> padded tensors for one training step.
+
+Layout: prompts are left-padded to the longest prompt P and responses right-padded to the longest
+response T, so every response token sits in columns P..P+T-1 and is predicted by the logits of
+columns P-1..P+T-2 for every sample alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import torch
+
+from zerobubble.common.codec import decode_array
+from zerobubble.v1 import common_pb2
+
+
+@dataclass
+class ExperienceBatch:
+    input_ids: torch.Tensor           # [N, P+T] long
+    attention_mask: torch.Tensor      # [N, P+T] long
+    position_ids: torch.Tensor        # [N, P+T] long: positions restart after the left padding
+    response_ids: torch.Tensor        # [N, T] long
+    response_mask: torch.Tensor       # [N, T] float: 1 on real response tokens
+    behaviour_logprobs: torch.Tensor  # [N, T] float32: under the distribution each token was drawn from
+    rewards: torch.Tensor             # [N] float32
+    answer_ok: torch.Tensor           # [N] bool
+    format_ok: torch.Tensor           # [N] bool
+    truncated: torch.Tensor           # [N] bool: stopped by max_new_tokens
+    temperatures: torch.Tensor        # [N] float32: each sample's sampling temperature
+    versions: torch.Tensor            # [N] long: policy version that generated each sample
+    group_size: int                   # G: samples i*G..(i+1)*G-1 answer the same prompt
+    prompt_length: int                # P
+
+    @property
+    def size(self) -> int:
+        return self.rewards.shape[0]
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(dim=1)
+
+    def select(self, index: torch.Tensor | slice) -> ExperienceBatch:
+        """The samples at `index` (a micro-batch); group structure is not kept."""
+        parts = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            parts[field.name] = value[index] if isinstance(value, torch.Tensor) else value
+        return ExperienceBatch(**parts)
+
+
+def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> ExperienceBatch:
+    if not groups:
+        raise ValueError("no groups to collate")
+    sizes = {len(g.trajectories) for g in groups}
+    if len(sizes) != 1:
+        raise ValueError(f"groups of one step must have the same number of trajectories, got {sorted(sizes)}")
+    prompts, responses, behaviour = [], [], []
+    for g_index, group in enumerate(groups):
+        prompt = torch.tensor(decode_array(group.prompt_ids, f"groups[{g_index}].prompt_ids", ndim=1))
+        for t_index, trajectory in enumerate(group.trajectories):
+            where = f"groups[{g_index}].trajectories[{t_index}]"
+            prompts.append(prompt)
+            responses.append(torch.tensor(decode_array(trajectory.response_ids, f"{where}.response_ids", ndim=1)))
+            behaviour.append(torch.from_numpy(
+                decode_array(trajectory.behaviour_logprobs, f"{where}.behaviour_logprobs", ndim=1)))
+    n = len(responses)
+    p_len = max(len(p) for p in prompts)
+    t_len = max(len(r) for r in responses)
+    input_ids = torch.full((n, p_len + t_len), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, p_len + t_len), dtype=torch.long)
+    response_mask = torch.zeros((n, t_len))
+    behaviour_logprobs = torch.zeros((n, t_len))
+    for i, (prompt, response, logprobs) in enumerate(zip(prompts, responses, behaviour, strict=True)):
+        input_ids[i, p_len - len(prompt):p_len] = prompt
+        input_ids[i, p_len:p_len + len(response)] = response
+        attention_mask[i, p_len - len(prompt):p_len + len(response)] = 1
+        response_mask[i, :len(response)] = 1
+        behaviour_logprobs[i, :len(logprobs)] = logprobs
+    trajectories = [t for g in groups for t in g.trajectories]
+    return ExperienceBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+        response_ids=input_ids[:, p_len:].clone(),
+        response_mask=response_mask,
+        behaviour_logprobs=behaviour_logprobs,
+        rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+        answer_ok=torch.tensor([t.answer_ok for t in trajectories]),
+        format_ok=torch.tensor([t.format_ok for t in trajectories]),
+        truncated=torch.tensor([t.finish_reason == common_pb2.FINISH_REASON_LENGTH for t in trajectories]),
+        temperatures=torch.tensor([t.temperature for t in trajectories], dtype=torch.float32),
+        versions=torch.tensor([t.policy_version for t in trajectories], dtype=torch.long),
+        group_size=sizes.pop(),
+        prompt_length=p_len,
+    )

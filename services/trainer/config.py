@@ -1,0 +1,72 @@
+"""The trainer service's configuration schema (all defaults are here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from zerobubble.common.config import ClientConfig, Schema, ServerConfig
+from zerobubble.trainer.algorithms.presets import AlgorithmConfig, algorithm_config
+from zerobubble.trainer.broadcaster import WeightSyncConfig
+from zerobubble.trainer.strategies.base import StrategyConfig
+
+
+class BatchConfig(Schema):
+    groups_per_step: int = Field(8, gt=0, description="experience groups consumed by one training step "
+                                 "(over all data-parallel ranks)")
+    mini_batch_groups: int | None = Field(None, gt=0, description="groups per optimizer update (null: the "
+                                          "whole step, one update)")
+    micro_batch_samples: int = Field(16, gt=0, description="samples per forward/backward pass (gradients "
+                                     "accumulate over a mini-batch)")
+    max_new_tokens: int = Field(256, gt=0, description="the rollout's limit: used by the constant loss "
+                                "normalisation and the overlong rules")
+    pull_wait_seconds: float = Field(5.0, gt=0, description="how long one pull waits for groups")
+
+    @property
+    def mini_batches(self) -> int:
+        return self.groups_per_step // (self.mini_batch_groups or self.groups_per_step)
+
+    @model_validator(mode="after")
+    def _whole_mini_batches(self) -> BatchConfig:
+        if self.mini_batch_groups and self.groups_per_step % self.mini_batch_groups:
+            raise ValueError(f"groups_per_step ({self.groups_per_step}) must be a multiple of mini_batch_groups "
+                             f"({self.mini_batch_groups})")
+        return self
+
+
+class CheckpointConfig(Schema):
+    interval_steps: int = Field(50, gt=0, description="save (and commit to the buffer) every this many steps")
+    keep: int = Field(2, gt=0, description="newest checkpoints kept")
+    at_end: bool = True
+
+
+class TrainerServiceConfig(Schema):
+    server: ServerConfig = ServerConfig(listen="127.0.0.1:50055")
+    trainer_id: str = "trainer"
+    model: Path = Field(description="the HF-format model folder to start from")
+    run_dir: Path = Field(Path("runs/trainer"), description="checkpoints and metrics.jsonl go here")
+    resume: bool = Field(False, description="continue from the newest checkpoint in run_dir")
+    algorithm: dict[str, Any] = Field(
+        default_factory=lambda: {"preset": "GRPO"},
+        description="`preset` (GRPO, DAPO, RLOO, REINFORCE_PPB, DR_GRPO, GSPO) plus any field of the "
+        "algorithm to override, e.g. {preset: DAPO, clip_high: 0.3}",
+    )
+    strategy: StrategyConfig = StrategyConfig()
+    batch: BatchConfig = BatchConfig()
+    weight_sync: WeightSyncConfig | None = Field(
+        WeightSyncConfig(), description="the broadcast group rollout workers join; null: no weight sync")
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    buffer: ClientConfig = ClientConfig(address="127.0.0.1:50053")
+    max_steps: int | None = Field(None, gt=0, description="stop after this many steps (default: the end of the data)")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _valid_algorithm(self) -> TrainerServiceConfig:
+        self.algorithm_config()
+        return self
+
+    def algorithm_config(self) -> AlgorithmConfig:
+        values = dict(self.algorithm)
+        return algorithm_config(values.pop("preset", "GRPO"), **values)

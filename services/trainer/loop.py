@@ -1,0 +1,218 @@
+"""The training loop: pull experience, update the policy, publish the new weights, checkpoint, commit.
+
+One step: pull `groups_per_step` groups for this data-parallel rank, collate, update (PolicyUpdate), bump
+the policy version, hand the weights to the broadcaster (which sends them while the next step trains),
+tell the buffer the new version, write the step's figures. Every `interval_steps` a checkpoint is
+written and the buffer told that everything delivered so far is consumed (Commit).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+from zerobubble.buffer.client import BufferClient
+from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
+from zerobubble.trainer.collate import ExperienceBatch, collate
+from zerobubble.trainer.config import TrainerServiceConfig
+from zerobubble.trainer.metrics import TrainerMetrics
+from zerobubble.trainer.strategies.base import Strategy
+from zerobubble.trainer.update import PolicyUpdate
+from zerobubble.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+
+def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
+    """What the step trained on: accuracy, lengths, truncation, and how stale the samples were."""
+    lengths = batch.response_lengths.float()
+    behind = (policy_version - batch.versions).float()
+    return {
+        "answer_accuracy": float(batch.answer_ok.float().mean()),
+        "format_accuracy": float(batch.format_ok.float().mean()),
+        "response_length_mean": float(lengths.mean()),
+        "response_length_max": float(lengths.max()),
+        "truncation_rate": float(batch.truncated.float().mean()),
+        "staleness_mean": float(behind.mean()),
+        "staleness_max": float(behind.max()),
+        "samples": float(batch.size),
+        "tokens": float(batch.response_mask.sum() + batch.attention_mask[:, : batch.prompt_length].sum()),
+    }
+
+
+class TrainingLoop:
+    def __init__(self, config: TrainerServiceConfig, strategy: Strategy, update: PolicyUpdate,
+                 buffer: BufferClient, *, pad_id: int, metrics: TrainerMetrics, broadcaster=None):
+        self.config = config
+        self.strategy = strategy
+        self.update = update
+        self.buffer = buffer
+        self.pad_id = pad_id
+        self.metrics = metrics
+        self.broadcaster = broadcaster
+        self.step = 0
+        self.policy_version = 0
+        self.delivered = 0        # the newest buffer delivery this rank has trained on
+        self.last_checkpoint = ""
+        self.last_checkpoint_step = -1
+        self.checkpoints = Checkpoints(config.run_dir / "checkpoints", keep=config.checkpoint.keep)
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()   # checkpoints from the RPC and from the loop never interleave
+        self._requests: queue.Queue[tuple[str, Future]] = queue.Queue()
+        self.finished = threading.Event()
+        self.metrics_path = config.run_dir / "metrics.jsonl"
+        self.idle_seconds = 0.0
+        self.weight_bytes = 0
+        self.started = time.monotonic()
+
+    @property
+    def groups_per_rank(self) -> int:
+        return max(1, self.config.batch.groups_per_step // self.strategy.world_size)
+
+    def resume(self) -> None:
+        """Continue from the newest checkpoint: weights, optimizer, RNG, step; the buffer re-delivers what
+        was delivered after the checkpoint's commit."""
+        state = self.checkpoints.load(self.strategy)
+        if state is None:
+            log.info("no checkpoint in %s: starting from the model", self.checkpoints.directory)
+            return
+        self.step, self.policy_version = state.step, state.policy_version
+        self.delivered = max(0, state.buffer_delivery)
+        self.last_checkpoint, self.last_checkpoint_step = str(self.checkpoints.latest()), state.step
+        if self.strategy.rank == 0:
+            self.buffer.commit(self.delivered, step=self.step, resume=True, trainer_id=self.config.trainer_id)
+            self.buffer.set_policy_version(self.policy_version)
+        log.info("resumed from %s at step %d (policy version %d)", self.last_checkpoint, self.step,
+                 self.policy_version)
+
+    def run(self) -> None:
+        """Train until the end of the data, max_steps, or stop()."""
+        try:
+            self._run()
+        finally:
+            self.finished.set()
+            self._serve_requests()
+
+    def _run(self) -> None:
+        if self.strategy.rank == 0:
+            self.buffer.set_policy_version(self.policy_version)
+        if self.config.weight_sync is not None:
+            self._publish()
+        max_steps = self.config.max_steps
+        while not self.stopping.is_set() and (max_steps is None or self.step < max_steps):
+            groups = self._pull()
+            if groups is None:
+                break
+            self._train(groups)
+            if self.step % self.config.checkpoint.interval_steps == 0:
+                self.save_checkpoint()
+            self._serve_requests()
+        if self.config.checkpoint.at_end and self.step and self.last_checkpoint_step != self.step:
+            self.save_checkpoint()
+        if self.broadcaster is not None:
+            # The last weights reach the workers before the trainer goes (their evals use them).
+            self.broadcaster.wait_synced(self.policy_version, timeout=self.config.weight_sync.member_timeout_s)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _pull(self) -> list[common_pb2.ExperienceGroup] | None:
+        """This rank's groups of the next step; None at the end of the data."""
+        wanted, groups = self.groups_per_rank, []
+        started = time.monotonic()
+        while len(groups) < wanted and not self.stopping.is_set():
+            result = self.buffer.pull(self.strategy.rank, self.strategy.world_size, wanted - len(groups),
+                                      wait_seconds=self.config.batch.pull_wait_seconds,
+                                      trainer_id=self.config.trainer_id)
+            groups.extend(g.group for g in result.groups)
+            self.delivered = max(self.delivered, result.last_delivery)
+            if result.end_of_data:
+                break
+        self.idle_seconds += time.monotonic() - started
+        if len(groups) < wanted:
+            # A short last step would weigh its few groups like a full one; the leftovers are few
+            # (fewer than one step) and are counted in the log instead.
+            if groups:
+                log.info("end of the data: %d groups left over, fewer than a step's %d", len(groups), wanted)
+            return None
+        return groups
+
+    def _train(self, groups: list[common_pb2.ExperienceGroup]) -> None:
+        started = time.monotonic()
+        batch = collate(groups, self.pad_id)
+        figures = self.update(batch)
+        figures.update(experience_figures(batch, self.policy_version))
+        self.step += 1
+        self.policy_version += 1
+        if self.config.weight_sync is not None:
+            self._publish()
+        if self.strategy.rank == 0:
+            self.buffer.set_policy_version(self.policy_version)
+        seconds = time.monotonic() - started
+        figures["step_seconds"] = seconds
+        figures["tokens_per_second"] = figures["tokens"] / seconds if seconds > 0 else 0.0
+        wall = time.monotonic() - self.started
+        figures["trainer_idle_fraction"] = self.idle_seconds / wall if wall > 0 else 0.0
+        if self.broadcaster is not None:
+            seconds = self.broadcaster.status["last_sync_seconds"]
+            figures["weight_sync_seconds"] = seconds
+            figures["weight_sync_gbps"] = self.weight_bytes / seconds / 1e9 if seconds > 0 else 0.0
+        self._record(figures)
+
+    def _publish(self) -> None:
+        """Every rank takes part in gathering the full weights; rank 0 hands them to the broadcaster."""
+        weights = list(self.strategy.full_state_dict())
+        self.weight_bytes = sum(t.numel() * t.element_size() for _, t in weights)
+        if self.broadcaster is not None:
+            self.broadcaster.publish(weights, self.policy_version)
+
+    def _record(self, figures: dict[str, float]) -> None:
+        if self.strategy.rank != 0:
+            return
+        row = {"step": self.step, "policy_version": self.policy_version, "time": time.time(), **figures}
+        self.metrics.observe_step(row)
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(row) + "\n")
+        log.info("step %d: reward %.3f accuracy %.3f staleness %.2f loss %.4f", self.step,
+                 figures["reward_mean"], figures["answer_accuracy"], figures["staleness_mean"], figures["loss"])
+
+    def request_checkpoint(self, tag: str, timeout: float) -> tuple[str, int]:
+        """For the SaveCheckpoint RPC: saving is collective, so the loop does it between steps."""
+        request: Future = Future()
+        self._requests.put((tag, request))
+        if self.finished.is_set():
+            self._serve_requests()
+        return request.result(timeout)
+
+    def _serve_requests(self) -> None:
+        while True:
+            try:
+                tag, request = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                request.set_result(self.save_checkpoint(tag))
+            except Exception as exc:
+                request.set_exception(exc)
+
+    def save_checkpoint(self, tag: str = "") -> tuple[str, int]:
+        """Write a checkpoint, then commit to the buffer everything delivered before it."""
+        with self.lock:
+            state = TrainerState(step=self.step, policy_version=self.policy_version,
+                                 buffer_delivery=self.delivered, extra={"tag": tag})
+            directory = self.checkpoints.save(self.strategy, state)
+            self.last_checkpoint, self.last_checkpoint_step = str(directory), self.step
+            if self.strategy.rank == 0:
+                self.buffer.commit(self.delivered, step=self.step, trainer_id=self.config.trainer_id)
+            return str(directory), self.step
+
+
+def write_config(config: TrainerServiceConfig, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "trainer-config.json").write_text(config.model_dump_json(indent=2))

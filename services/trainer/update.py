@@ -1,0 +1,124 @@
+"""One training step on one batch of experience: rewards -> advantages -> clipped policy loss -> optimizer.
+
+Reads top to bottom as the algorithm runs; the formulas themselves live in trainer/algorithms/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from zerobubble.trainer.algorithms.advantages import compute_advantages
+from zerobubble.trainer.algorithms.logprobs import token_logprobs_and_entropy
+from zerobubble.trainer.algorithms.losses import LossStats, local_normaliser, policy_loss
+from zerobubble.trainer.algorithms.overlong import overlong_sample_mask, shape_rewards
+from zerobubble.trainer.algorithms.presets import AlgorithmConfig
+from zerobubble.trainer.collate import ExperienceBatch
+from zerobubble.trainer.strategies.base import Strategy
+
+
+@dataclass
+class UpdateSettings:
+    mini_batches: int
+    micro_batch_samples: int
+    max_new_tokens: int
+
+
+def forward_logprobs(model: nn.Module, batch: ExperienceBatch, *, with_entropy: bool):
+    """Log-probs of the response tokens at each sample's own sampling temperature (and their entropy)."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                   position_ids=batch.position_ids.to(device)).logits
+    start = torch.full((batch.size,), batch.prompt_length, device=device)
+    # A greedy sample (temperature 0) was drawn from the raw distribution.
+    temperatures = torch.where(batch.temperatures > 0, batch.temperatures, 1.0).to(device)
+    return token_logprobs_and_entropy(logits, batch.input_ids.to(device), start, batch.response_mask.to(device),
+                                      temperatures, with_entropy=with_entropy)
+
+
+@torch.no_grad()
+def batch_logprobs(model: nn.Module, batch: ExperienceBatch, micro: int) -> torch.Tensor:
+    parts = []
+    for start in range(0, batch.size, micro):
+        parts.append(forward_logprobs(model, batch.select(slice(start, start + micro)), with_entropy=False)
+                     .logprobs.float().cpu())
+    return torch.cat(parts)
+
+
+class PolicyUpdate:
+    def __init__(self, strategy: Strategy, algorithm: AlgorithmConfig, settings: UpdateSettings,
+                 reference: nn.Module | None = None):
+        self.strategy = strategy
+        self.algorithm = algorithm
+        self.settings = settings
+        self.reference = reference
+
+    def __call__(self, batch: ExperienceBatch) -> dict[str, float]:
+        algo, settings, strategy = self.algorithm, self.settings, self.strategy
+        lengths = batch.response_lengths
+        rewards = shape_rewards(batch.rewards, lengths, batch.truncated, algo,
+                                max_new_tokens=settings.max_new_tokens)
+        mask = batch.response_mask * overlong_sample_mask(batch.truncated, algo).unsqueeze(1).float()
+        advantages = compute_advantages(algo.advantage_estimator, rewards.reshape(-1, batch.group_size), mask)
+        # The policy before this step's updates: the denominator of the importance ratio.
+        old_logp = batch_logprobs(strategy.model, batch, settings.micro_batch_samples)
+        ref_logp = batch_logprobs(self.reference, batch, settings.micro_batch_samples) if self.reference else None
+
+        figures = StepFigures()
+        for mini in torch.arange(batch.size).chunk(settings.mini_batches):
+            micros = mini.split(settings.micro_batch_samples)
+            # The mini-batch's global denominator over micro-batches and ranks (the strategy sums gradients
+            # over ranks), so accumulation gives the update of one big batch; the reference summed
+            # micro-batch losses instead.
+            local = sum(local_normaliser(mask[m], algo.aggregation, max_new_tokens=settings.max_new_tokens)
+                        .double() for m in micros)
+            normaliser = strategy.all_reduce_sum(local.to(strategy.device)).clamp(min=1.0)
+            for micro in micros:
+                part = batch.select(micro)
+                current = forward_logprobs(strategy.model, part, with_entropy=True)
+                device = current.logprobs.device
+                loss, stats = policy_loss(
+                    current.logprobs, old_logp[micro].to(device), advantages[micro].to(device),
+                    mask[micro].to(device), algo, normaliser=normaliser.to(device),
+                    ref_logp=None if ref_logp is None else ref_logp[micro].to(device),
+                    behaviour_logp=part.behaviour_logprobs.to(device), entropy=current.entropy,
+                )
+                strategy.backward(loss)
+                figures.add(float(loss.detach()), stats)
+            result = strategy.step()
+            figures.grad_norm, figures.lr = float(result.grad_norm), float(result.lr)
+        out = figures.as_dict()
+        out["reward_mean"] = float(rewards.mean())
+        out["reward_std"] = float(rewards.std()) if batch.size > 1 else 0.0
+        out["sample_utilisation"] = float(((advantages * mask).abs().sum(dim=1) > 0).float().mean())
+        return out
+
+
+
+@dataclass
+class StepFigures:
+    """Loss summed over micro-batches (it is already globally normalised); statistics weighted by tokens."""
+
+    loss: float = 0.0
+    tokens: float = 0.0
+    grad_norm: float = 0.0
+    lr: float = 0.0
+    weighted: dict[str, float] = field(default_factory=dict)
+
+    def add(self, loss: float, stats: LossStats) -> None:
+        self.loss += loss
+        tokens = float(stats.effective_tokens)
+        self.tokens += tokens
+        for name in ("clip_fraction", "ratio_mean", "kl_mean", "entropy_mean", "tis_weight_mean"):
+            value = getattr(stats, name)
+            if value is not None:
+                self.weighted[name] = self.weighted.get(name, 0.0) + float(value) * tokens
+
+    def as_dict(self) -> dict[str, float]:
+        names = {"kl_mean": "kl", "entropy_mean": "entropy", "tis_weight_mean": "tis_weight"}
+        out = {"loss": self.loss, "grad_norm": self.grad_norm, "lr": self.lr}
+        for name, total in self.weighted.items():
+            out[names.get(name, name)] = total / self.tokens if self.tokens else 0.0
+        return out
