@@ -1,0 +1,78 @@
+"""Advantage estimators of the GRPO family, over rewards laid out as [groups, generations]."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from zerobubble.trainer.algorithms.presets import AdvantageEstimator
+
+GRPO_STD_EPS = 1e-4
+WHITEN_VAR_EPS = 1e-8
+
+
+def _check_groups(rewards: Tensor, minimum: int) -> None:
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [groups, generations], got shape {tuple(rewards.shape)}")
+    if rewards.size(1) < minimum:
+        raise ValueError(f"this estimator needs at least {minimum} generations per group, got {rewards.size(1)}")
+
+
+def grpo_advantages(rewards: Tensor) -> Tensor:
+    """Per-group standardised rewards, [groups, G] -> [groups, G]."""
+    _check_groups(rewards, 2)
+    # GRPO (Shao et al. 2024), as Colossal-RL: (r - mean) / (std + 1e-4), std unbiased, per group.
+    return (rewards - rewards.mean(dim=1, keepdim=True)) / (rewards.std(dim=1, keepdim=True) + GRPO_STD_EPS)
+
+
+def dr_grpo_advantages(rewards: Tensor) -> Tensor:
+    """Per-group centred rewards, [groups, G] -> [groups, G]."""
+    _check_groups(rewards, 1)
+    # Dr.GRPO (Liu et al. 2025): r - mean; dividing by the std biases towards too easy or too hard prompts.
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+def rloo_advantages(rewards: Tensor) -> Tensor:
+    """Leave-one-out advantages, [groups, G] -> [groups, G]."""
+    _check_groups(rewards, 2)
+    group = rewards.size(1)
+    # RLOO (Ahmadian et al. 2024): r_i - mean of the others, which equals (r - mean) * G / (G - 1).
+    return (rewards - rewards.mean(dim=1, keepdim=True)) * group / (group - 1)
+
+
+def reinforce_pp_advantages(rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """REINFORCE++ with a group baseline: [groups, G] rewards, [groups*G, T] mask -> [groups*G, T] per token."""
+    mask = _token_mask(rewards, response_mask)
+    centred = dr_grpo_advantages(rewards).reshape(-1, 1).expand_as(mask)
+    count = mask.sum()
+    if count < 2:
+        raise ValueError(f"whitening over the batch needs at least 2 response tokens, got {int(count)}")
+    mean = torch.where(mask, centred, 0.0).sum() / count
+    # Bessel-corrected variance over every response token of the batch (veRL's masked_var).
+    variance = torch.where(mask, (centred - mean) ** 2, 0.0).sum() / (count - 1)
+    # REINFORCE++ (Hu 2025): whiten over the batch, DIVIDING by the std (Colossal-RL multiplies: a bug).
+    whitened = (centred - mean) * torch.rsqrt(variance + WHITEN_VAR_EPS)
+    return torch.where(mask, whitened, 0.0)
+
+
+def _token_mask(rewards: Tensor, response_mask: Tensor) -> Tensor:
+    if response_mask.dim() != 2 or response_mask.size(0) != rewards.numel():
+        raise ValueError(
+            f"response_mask must be [groups*G, T] = [{rewards.numel()}, T], got shape {tuple(response_mask.shape)}"
+        )
+    return response_mask.bool()
+
+
+def compute_advantages(name: AdvantageEstimator, rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """Per-token advantages [groups*G, T] (zero on padding) for any estimator, so the loss code is uniform.
+
+    Row i*G + j of the result is generation j of group i, the order of `rewards.reshape(-1)`.
+    """
+    mask = _token_mask(rewards, response_mask)
+    if name == "reinforce_pp":
+        return reinforce_pp_advantages(rewards, mask)
+    estimators = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
+    if name not in estimators:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join([*estimators, 'reinforce_pp'])}")
+    per_sample = estimators[name](rewards).reshape(-1, 1)
+    return torch.where(mask, per_sample, 0.0)

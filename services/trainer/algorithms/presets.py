@@ -1,0 +1,126 @@
+"""The GRPO family as one typed configuration, and named presets for the reference's algorithms and their kin."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from zerobubble.common.config import ConfigError, Schema
+
+AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+Aggregation = Literal["sample_level", "token_level", "constant"]
+RatioLevel = Literal["token", "sequence"]
+
+
+class AlgorithmConfig(Schema):
+    """Everything that tells GRPO, DAPO, RLOO, REINFORCE++, Dr.GRPO and GSPO apart."""
+
+    advantage_estimator: AdvantageEstimator = Field(
+        "grpo", description="grpo: (r-mean)/(std+1e-4); dr_grpo: r-mean; rloo: (r-mean)*G/(G-1); "
+        "reinforce_pp: r-mean, then whitened over the batch's tokens"
+    )
+    clip_low: float = Field(0.2, ge=0, lt=1, description="the ratio is clipped below at 1 - clip_low")
+    clip_high: float = Field(0.2, ge=0, description="the ratio is clipped above at 1 + clip_high")
+    beta: float = Field(0.01, ge=0, description="weight of the k3 KL to the reference model; 0 needs no reference")
+    aggregation: Aggregation = Field(
+        "sample_level", description="sample_level: mean over samples of each sample's token mean; token_level: "
+        "sum over tokens / effective tokens of the mini-batch; constant: sum / (samples * max_new_tokens)"
+    )
+    ratio_level: RatioLevel = Field(
+        "token", description="token: one importance ratio per token; sequence: GSPO's length-normalised "
+        "sequence ratio, clipped per sample"
+    )
+    tis_cap: float | None = Field(
+        None, gt=0, description="truncated importance sampling: weight tokens by min(exp(old - behaviour), cap); "
+        "null disables"
+    )
+    overlong_filtering: bool = Field(False, description="truncated responses are masked out of the loss")
+    soft_overlong_punishment: bool = Field(
+        False, description="DAPO's length penalty near max_new_tokens; truncated responses get no answer reward"
+    )
+    overlong_cache_length: int | None = Field(
+        None, gt=0, description="width of the penalty zone; null means min(1024, max_new_tokens // 4)"
+    )
+    overlong_penalty_scale: float = Field(
+        1.0, gt=0, description="multiplies the penalty; the reference uses its correct-answer reward (10)"
+    )
+    filter_range: tuple[float, float] | None = Field(
+        None, description="dynamic sampling: keep groups whose mean answer accuracy is in [low, high]"
+    )
+    temperature_annealing: bool = Field(
+        False, description="in the first episode, move the sampling temperature linearly towards "
+        "annealed_temperature"
+    )
+    annealed_temperature: float = Field(0.9, gt=0, description="where temperature annealing ends")
+
+    @field_validator("filter_range")
+    @classmethod
+    def _ordered_fractions(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not 0.0 <= value[0] <= value[1] <= 1.0:
+            raise ValueError(f"expected 0 <= low <= high <= 1, got {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _sequence_ratio_is_per_sample(self) -> AlgorithmConfig:
+        # GSPO's objective averages one clipped term per sequence; token_level would weight long answers more.
+        if self.ratio_level == "sequence" and self.aggregation != "sample_level":
+            raise ValueError("ratio_level 'sequence' needs aggregation 'sample_level' (GSPO averages per sequence)")
+        return self
+
+
+def _preset(**values: Any) -> Mapping[str, Any]:
+    return MappingProxyType(values)
+
+
+PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    # Colossal-RL defaults (grpo_consumer): eps 0.2/0.2, beta 0.01, sample_level; its producer always anneals.
+    "GRPO": _preset(
+        advantage_estimator="grpo", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
+        temperature_annealing=True,
+    ),
+    # DAPO (Yu et al. 2025) as Colossal-RL runs it: clip-higher, no KL, token-level loss, dynamic sampling,
+    # overlong filtering and soft overlong punishment.
+    "DAPO": _preset(
+        advantage_estimator="grpo", clip_low=0.2, clip_high=0.28, beta=0.0, aggregation="token_level",
+        filter_range=(0.01, 0.99), overlong_filtering=True, soft_overlong_punishment=True,
+        temperature_annealing=True,
+    ),
+    # RLOO (Ahmadian et al. 2024): leave-one-out baseline, otherwise the GRPO defaults.
+    "RLOO": _preset(
+        advantage_estimator="rloo", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
+        temperature_annealing=True,
+    ),
+    # REINFORCE++ (Hu 2025) with the group-mean baseline, as Colossal-RL's REINFORCE_PPB.
+    "REINFORCE_PPB": _preset(
+        advantage_estimator="reinforce_pp", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
+        temperature_annealing=True,
+    ),
+    # Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): no std division, no length
+    # normalisation (a constant denominator), no KL.
+    "DR_GRPO": _preset(
+        advantage_estimator="dr_grpo", clip_low=0.2, clip_high=0.2, beta=0.0, aggregation="constant",
+    ),
+    # GSPO (Zheng et al. 2025): sequence-level ratio with the paper's clipping range 3e-4/4e-4, no KL.
+    "GSPO": _preset(
+        advantage_estimator="grpo", clip_low=3e-4, clip_high=4e-4, beta=0.0, aggregation="sample_level",
+        ratio_level="sequence",
+    ),
+})
+
+
+def algorithm_config(preset: str = "GRPO", **overrides: Any) -> AlgorithmConfig:
+    """The named preset with `overrides` applied; ConfigError names the preset or the offending field."""
+    try:
+        values = PRESETS[preset.upper()]
+    except KeyError:
+        raise ConfigError(f"unknown algorithm preset {preset!r}; known: {', '.join(PRESETS)}") from None
+    try:
+        return AlgorithmConfig.model_validate({**values, **overrides})
+    except ValidationError as exc:
+        fields = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or 'algorithm'}: {item['msg']}" for item in exc.errors()
+        )
+        raise ConfigError(f"invalid algorithm configuration (preset {preset.upper()}): {fields}") from None

@@ -1,0 +1,60 @@
+"""Algorithm presets carry the values of the reference and of the papers; bad settings name their field."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerobubble.common.config import ConfigError
+from zerobubble.trainer.algorithms import PRESETS, AlgorithmConfig, algorithm_config
+
+
+def test_reference_presets_carry_colossal_rl_values():
+    grpo = algorithm_config("GRPO")
+    assert (grpo.advantage_estimator, grpo.clip_low, grpo.clip_high, grpo.beta, grpo.aggregation) == (
+        "grpo", 0.2, 0.2, 0.01, "sample_level")
+    assert grpo.filter_range is None and not grpo.overlong_filtering and not grpo.soft_overlong_punishment
+    dapo = algorithm_config("DAPO")
+    assert (dapo.clip_low, dapo.clip_high, dapo.beta, dapo.aggregation) == (0.2, 0.28, 0.0, "token_level")
+    assert dapo.filter_range == (0.01, 0.99)
+    assert dapo.overlong_filtering and dapo.soft_overlong_punishment and dapo.overlong_cache_length is None
+    assert algorithm_config("RLOO").advantage_estimator == "rloo"
+    assert algorithm_config("REINFORCE_PPB").advantage_estimator == "reinforce_pp"
+    assert all(algorithm_config(name).temperature_annealing for name in ("GRPO", "DAPO", "RLOO", "REINFORCE_PPB"))
+
+
+def test_paper_presets_dr_grpo_and_gspo():
+    dr = algorithm_config("DR_GRPO")
+    assert (dr.advantage_estimator, dr.aggregation, dr.beta) == ("dr_grpo", "constant", 0.0)
+    gspo = algorithm_config("GSPO")
+    assert (gspo.ratio_level, gspo.aggregation, gspo.clip_low, gspo.clip_high) == (
+        "sequence", "sample_level", 3e-4, 4e-4)
+
+
+def test_every_preset_is_a_valid_config_and_presets_cannot_be_mutated():
+    assert set(PRESETS) == {"GRPO", "DAPO", "RLOO", "REINFORCE_PPB", "DR_GRPO", "GSPO"}
+    for name in PRESETS:
+        assert isinstance(algorithm_config(name), AlgorithmConfig)
+    with pytest.raises(TypeError):
+        PRESETS["GRPO"]["beta"] = 1.0  # type: ignore[index]
+    changed = algorithm_config("grpo", beta=0.0, tis_cap=2.0)
+    assert (changed.beta, changed.tis_cap) == (0.0, 2.0)
+    assert algorithm_config("GRPO").beta == 0.01
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"clip_lo": 0.1}, "clip_lo"),
+    ({"clip_low": 1.5}, "clip_low"),
+    ({"beta": -0.1}, "beta"),
+    ({"aggregation": "mean"}, "aggregation"),
+    ({"tis_cap": 0}, "tis_cap"),
+    ({"filter_range": (0.9, 0.1)}, "filter_range"),
+    ({"ratio_level": "sequence", "aggregation": "token_level"}, "ratio_level"),
+])
+def test_bad_overrides_name_the_field(overrides, field):
+    with pytest.raises(ConfigError, match=field):
+        algorithm_config("DAPO", **overrides)
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="unknown algorithm preset 'PPO'.*GRPO, DAPO"):
+        algorithm_config("PPO")
