@@ -1,0 +1,93 @@
+"""AdamW, the learning-rate schedule (warm-up, then constant or one cosine decay) and gradient clipping."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from zerobubble.common.config import Schema
+
+
+class OptimConfig(Schema):
+    lr: float = Field(1e-6, gt=0, description="peak learning rate (reached at the end of warm-up)")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled weight decay")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0 to lr")
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="after warm-up: constant lr, or one cosine decay to min_lr_ratio * lr at total_steps"
+    )
+    total_steps: int | None = Field(None, gt=0, description="optimizer steps of the whole run (cosine needs it)")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine floor as a fraction of lr; held after total_steps")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the global gradient norm to this; null: no clip")
+
+    @model_validator(mode="after")
+    def _cosine_has_an_end(self) -> OptimConfig:
+        if self.schedule == "cosine":
+            if self.total_steps is None:
+                raise ValueError("schedule 'cosine' needs total_steps")
+            if self.total_steps <= self.warmup_steps:
+                raise ValueError(f"total_steps ({self.total_steps}) must exceed warmup_steps ({self.warmup_steps})")
+        return self
+
+
+def lr_factor(config: OptimConfig) -> Callable[[int], float]:
+    """The multiplier of `lr` for the update made after `step` completed steps (LambdaLR's convention).
+
+    Warm-up reaches the full rate on its last step (step warmup_steps - 1), so no update is made at lr 0.
+    The cosine then falls once from 1 at the end of warm-up to min_lr_ratio at total_steps and stays there.
+    """
+    warmup = config.warmup_steps
+    floor = config.min_lr_ratio
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if config.schedule == "constant":
+            return 1.0
+        assert config.total_steps is not None
+        progress = min(1.0, (step - warmup) / (config.total_steps - warmup))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def make_optimizer(parameters: Iterable[nn.Parameter], config: OptimConfig) -> torch.optim.AdamW:
+    # foreach kernels do not mix DTensors of different meshes; the per-parameter loop works for both.
+    return torch.optim.AdamW(
+        [p for p in parameters if p.requires_grad],
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        foreach=False,
+    )
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig) -> LambdaLR:
+    return LambdaLR(optimizer, lr_factor(config))
+
+
+def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float | None) -> float:
+    """The global L2 norm of the gradients before clipping (all shards included), clipping when max_norm is set.
+
+    With FSDP2 the gradients are DTensors and the norm is reduced over the mesh, so every rank gets the
+    same value and scales its shards by the same factor.
+    """
+    grads = [p for p in parameters if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_norm is None:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in grads], foreach=False)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(grads, max_norm, foreach=False)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
