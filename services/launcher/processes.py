@@ -52,7 +52,9 @@ class ServiceProcess:
         reader.join(timeout)
         if not box or not box[0]:
             self.kill()
-            raise ServiceFailed(f"{self.name} did not start within {timeout:.0f} s; see {self.log_path}")
+            code = self.process.wait()
+            why = f"exited with code {code}" if box else f"did not start within {timeout:.0f} s"
+            raise ServiceFailed(f"{self.name} {why}; see {self.log_path}")
         try:
             return json.loads(box[0])
         except json.JSONDecodeError:

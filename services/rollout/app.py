@@ -29,6 +29,8 @@ class RolloutHost(ServiceHost):
     def __init__(self, config: RolloutServiceConfig):
         super().__init__("rollout", config.server)
         model = config.model
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
         device = model.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -60,6 +60,8 @@ class TrainerHost(ServiceHost):
             update={"listen": "127.0.0.1:0", "metrics_port": None})
         super().__init__("trainer", server)
         torch.manual_seed(config.seed + rank)
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
         self.trainer_config = config
         write_config(config, config.run_dir)
         self.strategy = make_strategy(config.strategy, config.model)

@@ -60,6 +60,8 @@ class TrainerServiceConfig(Schema):
     checkpoint: CheckpointConfig = CheckpointConfig()
     buffer: ClientConfig = ClientConfig(address="127.0.0.1:50053")
     max_steps: int | None = Field(None, gt=0, description="stop after this many steps (default: the end of the data)")
+    torch_threads: int | None = Field(None, gt=0, description="CPU threads of torch in this process (null: "
+                                      "torch's default, all cores); on a shared small machine 1 avoids contention")
     seed: int = 0
 
     @model_validator(mode="after")

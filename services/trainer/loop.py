@@ -159,7 +159,7 @@ class TrainingLoop:
         wall = time.monotonic() - self.started
         figures["trainer_idle_fraction"] = self.idle_seconds / wall if wall > 0 else 0.0
         if self.broadcaster is not None:
-            seconds = self.broadcaster.status["last_sync_seconds"]
+            seconds = self.broadcaster.status()["last_sync_seconds"]
             figures["weight_sync_seconds"] = seconds
             figures["weight_sync_gbps"] = self.weight_bytes / seconds / 1e9 if seconds > 0 else 0.0
         self._record(figures)

@@ -1,4 +1,5 @@
-"""Prometheus view of the trainer: the figures of its last step as gauges."""
+"""Prometheus view of the trainer: the figures of its last step as gauges (the weight broadcaster adds its
+own sync duration histogram, zerobubble_trainer_weight_sync_seconds)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ STEP_FIGURES = {
     "sample_utilisation": "fraction of samples with a non-zero advantage",
     "tokens_per_second": "prompt and response tokens trained per second",
     "trainer_idle_fraction": "fraction of wall time spent waiting for experience",
-    "weight_sync_seconds": "duration of the last weight broadcast",
     "weight_sync_gbps": "GB/s of the last weight broadcast",
 }
 

@@ -1,0 +1,1 @@
+"""What is done with a finished or running run folder: its plot."""

@@ -1,0 +1,126 @@
+"""deploy/docker-compose.yml: valid for docker-compose, with every service, GPUs, health checks and volumes.
+
+There is no Docker engine here: Debian's `docker-compose` validates the file without one
+(CI installs it with `apt-get install -y --no-install-recommends docker-compose`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zerobubble.common.config import ServerConfig
+from zerobubble.common.server import ServiceHost
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
+SERVICES = {"reward", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus", "grafana"}
+GPU_SERVICES = {"trainer", "rollout-1", "rollout-2"}
+GRPC_PORTS = {"reward": 50052, "buffer": 50053, "rollout-1": 50054, "rollout-2": 50054, "trainer": 50055}
+
+needs_docker_compose = pytest.mark.skipif(
+    shutil.which("docker-compose") is None,
+    reason="docker-compose is not installed (apt-get install -y --no-install-recommends docker-compose)",
+)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def docker_compose_config(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker-compose", "-f", str(path), "config", "-q"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+
+
+@needs_docker_compose
+def test_docker_compose_accepts_the_file():
+    result = docker_compose_config(COMPOSE_FILE)
+    assert result.returncode == 0, result.stderr
+
+
+@needs_docker_compose
+def test_docker_compose_refuses_a_broken_copy(tmp_path):
+    """The validation above means something: an unknown service key is an error."""
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(COMPOSE_FILE.read_text().replace("    hostname: trainer\n",
+                                                       "    hostname: trainer\n    gpu_count: 1\n"))
+    result = docker_compose_config(broken)
+    assert result.returncode != 0
+    assert "gpu_count" in result.stderr
+
+
+def test_every_service_is_there(compose):
+    assert set(compose["services"]) == SERVICES
+
+
+def test_one_image_for_every_zerobubble_service(compose):
+    services = compose["services"]
+    images = {services[name]["image"] for name in GRPC_PORTS}
+    assert len(images) == 1
+    for name in GRPC_PORTS:
+        assert services[name]["build"]["dockerfile"] == "deploy/Dockerfile"
+        command = services[name]["command"]
+        assert command[:2] == ["serve", name.split("-")[0]]
+        config = command[command.index("--config") + 1]
+        mounts = {m.split(":")[1]: m.split(":")[0] for m in services[name]["volumes"]}
+        source = mounts[config]
+        assert (COMPOSE_FILE.parent / source).is_file(), f"{name}: {source} does not exist"
+
+
+def test_gpu_reservations_for_trainer_and_rollout(compose):
+    for name, service in compose["services"].items():
+        devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+        if name in GPU_SERVICES:
+            assert len(devices) == 1, name
+            assert devices[0]["driver"] == "nvidia"
+            assert devices[0]["capabilities"] == ["gpu"]
+        else:
+            assert not devices, f"{name} should not hold a GPU"
+    gpus = [compose["services"][name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0]
+            for name in sorted(GPU_SERVICES)]
+    assert len(set(gpus)) == len(gpus), "each GPU service gets its own GPU by default"
+
+
+def test_every_service_has_a_health_check(compose):
+    for name, service in compose["services"].items():
+        test = service["healthcheck"]["test"]
+        assert test[0] == "CMD" and len(test) > 1, name
+        if name in GRPC_PORTS:
+            assert test[1:3] == ["python", "-c"]
+            assert test[-1] == f"127.0.0.1:{GRPC_PORTS[name]}"
+
+
+def test_run_folder_is_a_named_volume(compose):
+    assert "runs" in compose["volumes"]
+    for name in ("buffer", "trainer", "rollout-1"):
+        assert "runs:/runs" in compose["services"][name]["volumes"], name
+
+
+def test_workers_wait_for_healthy_dependencies(compose):
+    for name in ("rollout-1", "rollout-2"):
+        depends = compose["services"][name]["depends_on"]
+        assert depends["buffer"]["condition"] == "service_healthy"
+        assert depends["reward"]["condition"] == "service_healthy"
+    assert compose["services"]["trainer"]["depends_on"]["buffer"]["condition"] == "service_healthy"
+
+
+def probe(compose: dict, address: str) -> int:
+    """Runs the compose file's gRPC health probe as the container would."""
+    code = compose["x-grpc-health"]
+    return subprocess.run([sys.executable, "-c", code, address], capture_output=True, timeout=60).returncode
+
+
+def test_health_probe_answers_for_a_real_server(compose):
+    host = ServiceHost("probe", ServerConfig(listen="127.0.0.1:0", metrics_port=None)).start()
+    try:
+        assert probe(compose, host.address) == 0
+    finally:
+        host.stop(0)
+    assert probe(compose, host.address) != 0

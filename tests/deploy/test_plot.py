@@ -1,0 +1,127 @@
+"""`zerobubble plot`: a run folder's metrics become one PNG; a folder without metrics is refused by name."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import struct
+
+import pytest
+
+from zerobubble import cli
+from zerobubble.runs import plot
+from zerobubble.runs.plot import RunDataError, eval_curves, plot_run, read_jsonl, trailing_mean
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == PNG_SIGNATURE
+    return struct.unpack(">II", data[16:24])
+
+
+def run_command(argv: list[str]) -> int:
+    """Parses argv with the subcommand that `register` adds, as the zerobubble command does."""
+    parser = argparse.ArgumentParser(prog="zerobubble")
+    plot.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def write_run(run_dir, steps=40, with_eval=True, beta=0.0):
+    (run_dir / "trainer").mkdir(parents=True)
+    with open(run_dir / "trainer" / "metrics.jsonl", "w") as out:
+        for step in range(1, steps + 1):
+            row = {"step": step, "policy_version": step, "reward_mean": step / steps + 0.1 * math.sin(step),
+                   "answer_accuracy": step / steps, "format_accuracy": min(1.0, 2 * step / steps),
+                   "entropy": 1.5 - step / steps, "response_length_mean": 20 + step, "staleness_mean": 0.5,
+                   "staleness_max": 1}
+            if beta:
+                row["kl"] = 0.001 * step
+            out.write(json.dumps(row) + "\n")
+    if with_eval:
+        (run_dir / "eval").mkdir()
+        with open(run_dir / "eval" / "summary.jsonl", "w") as out:
+            for version in (0, 20, 40):
+                out.write(json.dumps({"version": version, "dataset": "arith", "pass@1": version / 50,
+                                      "pass@4": version / 45}) + "\n")
+
+
+def test_plot_writes_one_png_of_the_run(tmp_path):
+    write_run(tmp_path, beta=0.01)
+    path = plot_run(tmp_path)
+    assert path == tmp_path / "plot.png"
+    data = path.read_bytes()
+    width, height = png_size(data)
+    assert (width, height) == (1600, 900)
+    assert len(data) > 50_000  # six panels of curves, not an empty canvas
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_plot_without_kl_or_eval_and_to_another_path(tmp_path):
+    write_run(tmp_path, steps=5, with_eval=False)
+    out = tmp_path / "figures" / "curves.png"
+    assert plot_run(tmp_path, out) == out
+    assert out.read_bytes()[:8] == PNG_SIGNATURE
+    assert not (tmp_path / "plot.png").exists()
+
+
+def test_plot_command_prints_the_path(tmp_path, capsys):
+    write_run(tmp_path, steps=3)
+    assert run_command(["plot", str(tmp_path), "--out", str(tmp_path / "p.png")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_the_zerobubble_command_lists_plot():
+    assert "zerobubble.runs.plot" in cli.COMMAND_MODULES
+
+
+def test_missing_metrics_names_the_file(tmp_path):
+    with pytest.raises(RunDataError, match=str(tmp_path / "trainer" / "metrics.jsonl")):
+        plot_run(tmp_path)
+
+
+def test_missing_metrics_exits_with_the_path(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        run_command(["plot", str(tmp_path)])
+    assert str(tmp_path / "trainer" / "metrics.jsonl") in str(exc.value.code)
+
+
+def test_metrics_without_steps_are_refused(tmp_path):
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "metrics.jsonl").write_text('{"note": "no step"}\n')
+    with pytest.raises(RunDataError, match="no training step"):
+        plot_run(tmp_path)
+
+
+def test_corrupt_line_names_file_and_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": \n{"step": 3}\n')
+    with pytest.raises(RunDataError, match=r"m\.jsonl:2"):
+        read_jsonl(path)
+
+
+def test_a_line_being_written_is_left_out(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "rew')
+    assert read_jsonl(path) == [{"step": 1}]
+
+
+def test_eval_points_sit_at_the_step_that_made_the_version():
+    steps = [{"step": 1, "policy_version": 3}, {"step": 2, "policy_version": 4}]
+    summary = [{"version": 4, "dataset": "a", "pass@1": 0.5}, {"version": 0, "dataset": "a", "pass@1": 0.1},
+               {"version": 9, "dataset": "b", "pass@1": 0.7}]
+    assert eval_curves(summary, steps) == {"a": ([0.0, 2.0], [0.1, 0.5]), "b": ([9.0], [0.7])}
+
+
+def test_trailing_mean():
+    assert trailing_mean([1, 3, 5, 7], 2).tolist() == [1.0, 2.0, 4.0, 6.0]
+
+
+def test_every_panel_reads_a_key_the_trainer_writes():
+    from zerobubble.trainer.metrics import STEP_FIGURES
+
+    keys = {key for panel in plot.PANELS for key, _ in panel.series}
+    assert keys <= set(STEP_FIGURES)
