@@ -24,33 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bzerobubble/v1/trainer.proto\x12\rzerobubble.v1\"0\n\x0bJoinRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\"{\n\tJoinReply\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x13\n\x0bgroup_epoch\x18\x03 \x01(\x03\x12\x12\n\nstore_host\x18\x04 \x01(\t\x12\x12\n\nstore_port\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"!\n\x0cWatchRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"X\n\nTensorSlot\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0e\n\x06nbytes\x18\x05 \x01(\x03\"D\n\x06\x42ucket\x12\x0e\n\x06nbytes\x18\x01 \x01(\x03\x12*\n\x07tensors\x18\x02 \x03(\x0b\x32\x19.zerobubble.v1.TensorSlot\"\x87\x01\n\x12WeightAnnouncement\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bgroup_epoch\x18\x02 \x01(\x03\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12&\n\x07\x62uckets\x18\x04 \x03(\x0b\x32\x15.zerobubble.v1.Bucket\x12\x0f\n\x07regroup\x18\x05 \x01(\x08\"\x16\n\x14TrainerStatusRequest\"\x84\x01\n\x12TrainerStatusReply\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x14\n\x0csync_members\x18\x03 \x01(\x05\x12\x19\n\x11last_sync_seconds\x18\x04 \x01(\x01\x12\x17\n\x0flast_checkpoint\x18\x05 \x01(\t\"$\n\x15SaveCheckpointRequest\x12\x0b\n\x03tag\x18\x01 \x01(\t\"1\n\x13SaveCheckpointReply\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x32\xd8\x02\n\x0eTrainerService\x12\x46\n\x0eJoinWeightSync\x12\x1a.zerobubble.v1.JoinRequest\x1a\x18.zerobubble.v1.JoinReply\x12P\n\x0cWatchWeights\x12\x1b.zerobubble.v1.WatchRequest\x1a!.zerobubble.v1.WeightAnnouncement0\x01\x12P\n\x06Status\x12#.zerobubble.v1.TrainerStatusRequest\x1a!.zerobubble.v1.TrainerStatusReply\x12Z\n\x0eSaveCheckpoint\x12$.zerobubble.v1.SaveCheckpointRequest\x1a\".zerobubble.v1.SaveCheckpointReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bzerobubble/v1/trainer.proto\x12\rzerobubble.v1\"0\n\x0bJoinRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\"\x9b\x01\n\tJoinReply\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x13\n\x0bgroup_epoch\x18\x03 \x01(\x03\x12\x12\n\nstore_host\x18\x04 \x01(\t\x12\x12\n\nstore_port\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x1e\n\x16member_timeout_seconds\x18\x07 \x01(\x01\"!\n\x0cWatchRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"X\n\nTensorSlot\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0e\n\x06nbytes\x18\x05 \x01(\x03\"D\n\x06\x42ucket\x12\x0e\n\x06nbytes\x18\x01 \x01(\x03\x12*\n\x07tensors\x18\x02 \x03(\x0b\x32\x19.zerobubble.v1.TensorSlot\"\xf2\x01\n\x12WeightAnnouncement\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bgroup_epoch\x18\x02 \x01(\x03\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12&\n\x07\x62uckets\x18\x04 \x03(\x0b\x32\x15.zerobubble.v1.Bucket\x12\x0f\n\x07regroup\x18\x05 \x01(\x08\x12;\n\x05ranks\x18\x06 \x03(\x0b\x32,.zerobubble.v1.WeightAnnouncement.RanksEntry\x1a,\n\nRanksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x16\n\x14TrainerStatusRequest\"\xb1\x01\n\x12TrainerStatusReply\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x14\n\x0csync_members\x18\x03 \x01(\x05\x12\x19\n\x11last_sync_seconds\x18\x04 \x01(\x01\x12\x17\n\x0flast_checkpoint\x18\x05 \x01(\t\x12\x16\n\x0esynced_version\x18\x06 \x01(\x03\x12\x13\n\x0bgroup_epoch\x18\x07 \x01(\x03\"$\n\x15SaveCheckpointRequest\x12\x0b\n\x03tag\x18\x01 \x01(\t\"1\n\x13SaveCheckpointReply\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x32\xd8\x02\n\x0eTrainerService\x12\x46\n\x0eJoinWeightSync\x12\x1a.zerobubble.v1.JoinRequest\x1a\x18.zerobubble.v1.JoinReply\x12P\n\x0cWatchWeights\x12\x1b.zerobubble.v1.WatchRequest\x1a!.zerobubble.v1.WeightAnnouncement0\x01\x12P\n\x06Status\x12#.zerobubble.v1.TrainerStatusRequest\x1a!.zerobubble.v1.TrainerStatusReply\x12Z\n\x0eSaveCheckpoint\x12$.zerobubble.v1.SaveCheckpointRequest\x1a\".zerobubble.v1.SaveCheckpointReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'zerobubble.v1.trainer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_WEIGHTANNOUNCEMENT_RANKSENTRY']._loaded_options = None
+  _globals['_WEIGHTANNOUNCEMENT_RANKSENTRY']._serialized_options = b'8\001'
   _globals['_JOINREQUEST']._serialized_start=46
   _globals['_JOINREQUEST']._serialized_end=94
-  _globals['_JOINREPLY']._serialized_start=96
-  _globals['_JOINREPLY']._serialized_end=219
-  _globals['_WATCHREQUEST']._serialized_start=221
-  _globals['_WATCHREQUEST']._serialized_end=254
-  _globals['_TENSORSLOT']._serialized_start=256
-  _globals['_TENSORSLOT']._serialized_end=344
-  _globals['_BUCKET']._serialized_start=346
-  _globals['_BUCKET']._serialized_end=414
-  _globals['_WEIGHTANNOUNCEMENT']._serialized_start=417
-  _globals['_WEIGHTANNOUNCEMENT']._serialized_end=552
-  _globals['_TRAINERSTATUSREQUEST']._serialized_start=554
-  _globals['_TRAINERSTATUSREQUEST']._serialized_end=576
-  _globals['_TRAINERSTATUSREPLY']._serialized_start=579
-  _globals['_TRAINERSTATUSREPLY']._serialized_end=711
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=713
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=749
-  _globals['_SAVECHECKPOINTREPLY']._serialized_start=751
-  _globals['_SAVECHECKPOINTREPLY']._serialized_end=800
-  _globals['_TRAINERSERVICE']._serialized_start=803
-  _globals['_TRAINERSERVICE']._serialized_end=1147
+  _globals['_JOINREPLY']._serialized_start=97
+  _globals['_JOINREPLY']._serialized_end=252
+  _globals['_WATCHREQUEST']._serialized_start=254
+  _globals['_WATCHREQUEST']._serialized_end=287
+  _globals['_TENSORSLOT']._serialized_start=289
+  _globals['_TENSORSLOT']._serialized_end=377
+  _globals['_BUCKET']._serialized_start=379
+  _globals['_BUCKET']._serialized_end=447
+  _globals['_WEIGHTANNOUNCEMENT']._serialized_start=450
+  _globals['_WEIGHTANNOUNCEMENT']._serialized_end=692
+  _globals['_WEIGHTANNOUNCEMENT_RANKSENTRY']._serialized_start=648
+  _globals['_WEIGHTANNOUNCEMENT_RANKSENTRY']._serialized_end=692
+  _globals['_TRAINERSTATUSREQUEST']._serialized_start=694
+  _globals['_TRAINERSTATUSREQUEST']._serialized_end=716
+  _globals['_TRAINERSTATUSREPLY']._serialized_start=719
+  _globals['_TRAINERSTATUSREPLY']._serialized_end=896
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=898
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=934
+  _globals['_SAVECHECKPOINTREPLY']._serialized_start=936
+  _globals['_SAVECHECKPOINTREPLY']._serialized_end=985
+  _globals['_TRAINERSERVICE']._serialized_start=988
+  _globals['_TRAINERSERVICE']._serialized_end=1332
 # @@protoc_insertion_point(module_scope)

@@ -62,7 +62,8 @@ class TrainerServiceServicer:
     """
 
     def JoinWeightSync(self, request, context):
-        """A rollout worker asks to join the weight-broadcast group; it gets its rank and the store address.
+        """A rollout worker asks to join the weight-broadcast group; it gets the store address and becomes a
+        member at the next publish (its rank comes in the announcement that forms that group).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,416 @@
+"""Trainer side of the weight sync: snapshot at publish, bucketed broadcast from a background thread,
+and the membership of the broadcast group (join, drop, re-form). No gRPC here: the servicer calls
+join/watch and hands the announcements to the streams.
+
+Two sets of send buffers: `publish` copies the weights into the spare set and returns; the sender
+thread swaps the sets when it starts a broadcast. The set being sent is never written, so the next
+optimizer step cannot change bytes in flight, and a publish never waits for a broadcast. Publishes
+that come while one is in flight coalesce: the newest version is the next one sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pydantic import Field
+from torch.distributed import TCPStore
+
+from zerobubble.common.config import Schema
+from zerobubble.common.errors import InvalidInput, NotFound
+from zerobubble.common.weight_sync import (
+    ABORT,
+    ACK_OK,
+    GO,
+    MIB,
+    Manifest,
+    arrived_key,
+    backend_for,
+    broken_key,
+    done_key,
+    form_group,
+    go_key,
+    retire_group,
+    start_broadcast,
+    wait_broadcast,
+)
+from zerobubble.v1 import trainer_pb2
+
+log = logging.getLogger(__name__)
+POLL_SECONDS = 0.005
+
+
+class WeightSyncConfig(Schema):
+    store_host: str = Field("127.0.0.1", description="where the TCPStore listens (0.0.0.0: every interface)")
+    store_port: int = Field(0, ge=0, lt=65536, description="0 picks a free port")
+    advertise_host: str | None = Field(
+        None, description="the address workers reach this trainer at (store and gloo); default store_host, "
+                          "or this host's name when store_host is 0.0.0.0")
+    bucket_mb: float = Field(256.0, gt=0, description="size of one broadcast bucket")
+    member_timeout_s: float = Field(
+        30.0, gt=0, description="a member that does not arrive at a new group, or does not acknowledge a "
+                                "version, within this long is dropped; also bounds every collective")
+    device: str = Field("cpu", description="where the send buffers live: cuda:N broadcasts over NCCL, cpu over gloo")
+    max_attempts: int = Field(3, ge=1, description="tries of one version after failed broadcasts that dropped nobody")
+
+
+class SyncMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.seconds = Histogram(
+            "zerobubble_trainer_weight_sync_seconds", "from taking a version off the queue to the last member's ack",
+            registry=registry, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )
+        self.bytes = Counter("zerobubble_trainer_weight_sync_bytes", "weight bytes acknowledged by members",
+                             registry=registry)
+        self.members = Gauge("zerobubble_trainer_sync_members", "workers in the current broadcast group",
+                             registry=registry)
+        self.dropped = Counter("zerobubble_trainer_sync_dropped", "members dropped (dead, stalled or disconnected)",
+                               registry=registry)
+
+
+@dataclass(frozen=True)
+class JoinInfo:
+    rank: int
+    world_size: int
+    group_epoch: int
+    store_host: str
+    store_port: int
+    backend: str
+    member_timeout_s: float
+
+
+@dataclass
+class _Member:
+    worker_id: str
+    device: str
+    outbox: deque = field(default_factory=deque)
+    watch: int = 0      # number of the current watch stream; an older one ends
+    gone: bool = False
+
+
+@dataclass
+class _Snapshot:
+    manifest: Manifest
+    buffers: list[torch.Tensor]
+    version: int = -1
+
+
+class Watch:
+    """One watch stream of one member: its announcements in order; `ended` once the member was dropped,
+    joined again, or started another watch."""
+
+    def __init__(self, owner: WeightBroadcaster, member: _Member, number: int):
+        self._owner = owner
+        self._member = member
+        self._number = number
+        self._closed = False
+        self.ended = False
+
+    def _over(self) -> bool:
+        m = self._member
+        return self._closed or m.gone or m.watch != self._number or self._owner.closed
+
+    def next(self, timeout: float) -> trainer_pb2.WeightAnnouncement | None:
+        with self._owner._cond:
+            self._owner._cond.wait_for(lambda: self._over() or bool(self._member.outbox), timeout)
+            if self._over():
+                self.ended = True
+                return None
+            return self._member.outbox.popleft() if self._member.outbox else None
+
+    def close(self) -> None:
+        """The stream ended on the worker's side: a current member leaves the group."""
+        with self._owner._cond:
+            current = not self._closed and not self._member.gone and self._member.watch == self._number
+            self._closed = True
+            self._owner._cond.notify_all()
+        if current:
+            self._owner.drop(self._member.worker_id, "its watch stream closed", member=self._member)
+
+
+class WeightBroadcaster:
+    def __init__(self, config: WeightSyncConfig | None = None, registry: CollectorRegistry | None = None):
+        self.config = config or WeightSyncConfig()
+        self.metrics = SyncMetrics(registry or CollectorRegistry())
+        self.backend = backend_for(self.config.device)
+        device = torch.device(self.config.device)
+        self._cuda_device = device if device.type == "cuda" else None
+        self.closed = False
+        self._bucket_bytes = int(self.config.bucket_mb * MIB)
+        self._cond = threading.Condition()
+        self._members: dict[str, _Member] = {}
+        self._group = None
+        self._group_ids: list[str] = []
+        self._epoch = 0
+        self._regroup_needed = False
+        self._pending = False
+        self._published_version = -1
+        self._synced_version = -1
+        self._sending_version = -1
+        self._last_sync_seconds = 0.0
+        self._stage_lock = threading.Lock()
+        self._spare: _Snapshot | None = None
+        self._sending: _Snapshot | None = None
+        self._proto_cache: tuple[Manifest, list[trainer_pb2.Bucket]] | None = None
+        self._store: TCPStore | None = None
+        self._thread = threading.Thread(target=self._run, name="weight-broadcast", daemon=True)
+
+    def start(self) -> WeightBroadcaster:
+        timeout = timedelta(seconds=self.config.member_timeout_s)
+        self._store = TCPStore(self.config.store_host, self.config.store_port, is_master=True,
+                               wait_for_workers=False, timeout=timeout)
+        self._thread.start()
+        log.info("weight sync store on %s:%d (%s)", self.advertise_host, self.store_port, self.backend)
+        return self
+
+    @property
+    def store_port(self) -> int:
+        return self._store.port
+
+    @property
+    def advertise_host(self) -> str:
+        if self.config.advertise_host:
+            return self.config.advertise_host
+        if self.config.store_host in ("0.0.0.0", "::", ""):
+            return socket.getfqdn()
+        return self.config.store_host
+
+    # -- membership (called from gRPC handler threads) --
+
+    def join(self, worker_id: str, device: str) -> JoinInfo:
+        if not worker_id:
+            raise InvalidInput("must not be empty", field="worker_id")
+        device = device or "cpu"
+        if self.backend == "nccl" and backend_for(device) != "nccl":
+            raise InvalidInput(f"{device!r}: this trainer broadcasts over NCCL; join with a cuda device",
+                               field="device")
+        with self._cond:
+            old = self._members.pop(worker_id, None)
+            if old is not None:
+                # The same id from a fresh process: the group it was in is no use to it.
+                old.gone = True
+                self._regroup_needed = True
+            self._members[worker_id] = _Member(worker_id, device)
+            self._cond.notify_all()
+            log.info("%s joined the weight sync (from the next publish)", worker_id)
+            return JoinInfo(-1, len(self._group_ids) + 1, self._epoch, self.advertise_host, self.store_port,
+                            self.backend, self.config.member_timeout_s)
+
+    def watch(self, worker_id: str) -> Watch:
+        with self._cond:
+            member = self._members.get(worker_id)
+            if member is None:
+                raise NotFound(f"{worker_id!r} is not a member: call JoinWeightSync first", field="worker_id")
+            member.watch += 1
+            self._cond.notify_all()
+            return Watch(self, member, member.watch)
+
+    def drop(self, worker_id: str, reason: str, member: _Member | None = None) -> bool:
+        """Remove a member (only that one, when `member` is given); the group is re-formed at the next publish."""
+        with self._cond:
+            current = self._members.get(worker_id)
+            if current is None or (member is not None and current is not member):
+                return False
+            del self._members[worker_id]
+            current.gone = True
+            self._cond.notify_all()
+        self.metrics.dropped.inc()
+        log.warning("dropped %s from the weight sync: %s", worker_id, reason)
+        return True
+
+    @property
+    def members(self) -> list[str]:
+        with self._cond:
+            return list(self._members)
+
+    def status(self) -> dict:
+        with self._cond:
+            return {
+                "members": len(self._group_ids), "joined": len(self._members), "group_epoch": self._epoch,
+                "published_version": self._published_version, "sending_version": self._sending_version,
+                "synced_version": self._synced_version,
+                "last_sync_seconds": self._last_sync_seconds,
+            }
+
+    # -- publishing (called by the training loop) --
+
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy the weights into the spare buffers and return; the broadcast runs in the background."""
+        named = list(named_tensors)
+        manifest = Manifest.plan(named, self._bucket_bytes)
+        with self._stage_lock:
+            spare = self._spare
+            if spare is None or spare.manifest != manifest:
+                spare = _Snapshot(manifest, manifest.allocate(self.config.device))
+            manifest.pack(named, spare.buffers)
+            if spare.buffers and spare.buffers[0].is_cuda:
+                torch.cuda.current_stream(spare.buffers[0].device).synchronize()
+            spare.version = version
+            self._spare = spare
+        with self._cond:
+            self._pending = True
+            self._published_version = version
+            self._cond.notify_all()
+
+    def wait_synced(self, version: int, timeout: float) -> bool:
+        """Wait until `version` (or a newer one) went out and every member at that time acknowledged it."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._synced_version >= version or self.closed, timeout) and \
+                self._synced_version >= version
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            for member in self._members.values():
+                member.gone = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self.config.member_timeout_s)
+        self._teardown()
+        self._store = None
+
+    # -- the sender thread --
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self.closed)
+                if self.closed:
+                    return
+                self._pending = False
+            with self._stage_lock:
+                self._spare, self._sending = self._sending, self._spare
+            with self._cond:
+                self._sending_version = self._sending.version
+            try:
+                self._sync(self._sending)
+            except Exception:
+                log.exception("weight sync of version %d failed", self._sending.version)
+                self._teardown()
+            with self._cond:
+                self._sending_version = -1
+
+    def _sync(self, snapshot: _Snapshot) -> None:
+        started = time.perf_counter()
+        failures = 0
+        while failures < self.config.max_attempts and not self.closed:
+            with self._cond:
+                ids = list(self._members)
+                rejoined, self._regroup_needed = self._regroup_needed, False
+            if not ids:
+                self._teardown()
+                break
+            if rejoined or ids != self._group_ids or self._group is None:
+                formed, dropped = self._regroup(snapshot, ids)
+                if not formed:
+                    failures += 0 if dropped else 1
+                    continue
+            else:
+                self._announce(snapshot, regroup=False)
+            try:
+                wait_broadcast(start_broadcast(self._group, snapshot.buffers), cuda_device=self._cuda_device)
+            except RuntimeError as exc:
+                log.warning("broadcast of version %d failed (%s); re-forming the group", snapshot.version, exc)
+                self._teardown()
+                failures += 1
+                continue
+            acks, missing = self._await_keys({w: done_key(self._epoch, snapshot.version, w) for w in self._group_ids})
+            failed = missing + [w for w, ack in acks.items() if ack != ACK_OK]
+            if failed:
+                # Who is at fault is not known here (a dead peer makes others fail too): re-form the group,
+                # which drops whoever does not arrive, and send this version again.
+                log.warning("version %d not acknowledged by %s; re-forming the group", snapshot.version,
+                            ", ".join(failed))
+                self._teardown()
+                failures += 1
+                continue
+            self.metrics.bytes.inc(len(acks) * snapshot.manifest.total_bytes)
+            break
+        else:
+            if not self.closed:
+                log.warning("version %d not delivered after %d failed attempts", snapshot.version, failures)
+            return
+        elapsed = time.perf_counter() - started
+        self.metrics.seconds.observe(elapsed)
+        with self._cond:
+            self._synced_version = snapshot.version
+            self._last_sync_seconds = elapsed
+            self._cond.notify_all()
+
+    def _regroup(self, snapshot: _Snapshot, ids: list[str]) -> tuple[bool, bool]:
+        """One try at a new group epoch of `ids`; returns (formed, dropped someone)."""
+        self._teardown()
+        self._epoch += 1
+        epoch = self._epoch
+        ranks = {worker_id: rank for rank, worker_id in enumerate(ids, start=1)}
+        self._announce(snapshot, regroup=True, ranks=ranks)
+        _, missing = self._await_keys({w: arrived_key(epoch, w) for w in ids})
+        if missing:
+            self._store.set(go_key(epoch), ABORT)
+            for worker_id in missing:
+                self.drop(worker_id, f"did not arrive at group epoch {epoch} within {self.config.member_timeout_s}s")
+            return False, True
+        self._store.set(go_key(epoch), GO)
+        try:
+            group = form_group(self._store, epoch, 0, len(ids) + 1, backend=self.backend,
+                               timeout_s=self.config.member_timeout_s, address=self.advertise_host)
+        except RuntimeError as exc:
+            log.warning("group epoch %d did not form (%s)", epoch, exc)
+            return False, False
+        self._group, self._group_ids = group, ids
+        self.metrics.members.set(len(ids))
+        log.info("group epoch %d formed: %s", epoch, ", ".join(ids))
+        return True, False
+
+    def _teardown(self) -> None:
+        if self._group is not None and self._store is not None:
+            self._store.set(broken_key(self._epoch), b"1")
+        retire_group(self._group)
+        self._group, self._group_ids = None, []
+        self.metrics.members.set(0)
+
+    def _announce(self, snapshot: _Snapshot, *, regroup: bool, ranks: dict[str, int] | None = None) -> None:
+        if ranks is None:
+            ranks = {worker_id: rank for rank, worker_id in enumerate(self._group_ids, start=1)}
+        if self._proto_cache is None or self._proto_cache[0] != snapshot.manifest:
+            self._proto_cache = (snapshot.manifest, snapshot.manifest.to_proto())
+        announcement = trainer_pb2.WeightAnnouncement(
+            version=snapshot.version, group_epoch=self._epoch, world_size=len(ranks) + 1,
+            buckets=self._proto_cache[1], regroup=regroup, ranks=ranks,
+        )
+        with self._cond:
+            for worker_id in ranks:
+                member = self._members.get(worker_id)
+                if member is not None:
+                    member.outbox.append(announcement)
+            self._cond.notify_all()
+
+    def _await_keys(self, keys: dict[str, str]) -> tuple[dict[str, bytes], list[str]]:
+        """Poll the store until every worker's key exists or the member timeout passes: (the values found by
+        worker, the workers whose key is missing; one that left meanwhile counts as missing at once).
+        Keys found are deleted, so the store does not grow with every version."""
+        deadline = time.monotonic() + self.config.member_timeout_s
+        waiting = dict(keys)
+        found: dict[str, bytes] = {}
+        missing = []
+        while waiting and not self.closed:
+            for worker_id, key in list(waiting.items()):
+                if self._store.check([key]):
+                    found[worker_id] = self._store.get(key)
+                    self._store.delete_key(key)
+                    del waiting[worker_id]
+                elif worker_id not in self._members:
+                    missing.append(worker_id)
+                    del waiting[worker_id]
+            if not waiting or time.monotonic() > deadline:
+                break
+            time.sleep(POLL_SECONDS)
+        return found, missing + list(waiting)

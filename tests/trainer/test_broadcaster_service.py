@@ -1,0 +1,134 @@
+"""Weight sync end to end: a real trainer service on loopback, rollout workers in their own processes,
+real gloo groups between them. Workers load into a transformers Qwen2 model and report sha256 digests."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import grpc
+import pytest
+import torch
+from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
+
+from zerobubble.trainer.client import TrainerClient
+
+TIMEOUT_S = 3.0
+
+
+def _perturb(model: torch.nn.Module, amount: float) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(amount)
+
+
+@pytest.fixture
+def workers():
+    started: list[WorkerProcess] = []
+
+    def start(address: str, *ids: str) -> list[WorkerProcess]:
+        new = [WorkerProcess(address, worker_id) for worker_id in ids]
+        started.extend(new)
+        return new
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def test_versions_arrive_bit_exactly_a_late_joiner_gets_the_next_and_all_rejoin_a_restarted_trainer(workers):
+    with trainer_service(member_timeout_s=TIMEOUT_S, bucket_mb=0.05) as trainer:
+        w1, w2 = workers(trainer.address, "w1", "w2")
+        trainer.wait_members({"w1", "w2"})
+        model = tiny_model(seed=1)
+        trainer.broadcaster.publish(model.named_parameters(), 1)
+        expected = digests(model.named_parameters())
+        first = {w.worker_id: w.applied(1) for w in (w1, w2)}
+        for event in first.values():
+            assert event["version"] == 1 and event["digests"] == expected
+        assert len(first["w1"]["pointers"]) > 1, "several buckets at bucket_mb=0.05"
+
+        _perturb(model, 0.25)
+        trainer.broadcaster.publish(model.named_parameters(), 2)
+        expected = digests(model.named_parameters())
+        for worker in (w1, w2):
+            event = worker.applied(2)
+            assert event["digests"] == expected
+            assert event["pointers"] == first[worker.worker_id]["pointers"], "bucket buffers are reused"
+
+        (w3,) = workers(trainer.address, "w3")
+        trainer.wait_members({"w1", "w2", "w3"})
+        _perturb(model, -0.5)
+        trainer.broadcaster.publish(model.named_parameters(), 3)
+        expected = digests(model.named_parameters())
+        for worker in (w1, w2, w3):
+            assert worker.applied(3)["digests"] == expected
+        assert trainer.broadcaster.wait_synced(3, timeout=30)
+
+        with TrainerClient(trainer.address) as client:
+            status = client.status()
+            assert (status.sync_members, status.synced_version, status.group_epoch) == (3, 3, 2)
+            assert client.save_checkpoint("best").path == "/checkpoints/best"
+        total = sum(t.numel() * t.element_size() for t in model.parameters())
+        assert trainer.metric("zerobubble_trainer_weight_sync_bytes_total") >= 7 * total
+        assert trainer.metric("zerobubble_trainer_sync_members") == 3
+        assert trainer.metric("zerobubble_trainer_weight_sync_seconds_count") == 3
+        address = trainer.address
+
+    # The trainer goes away and comes back at the same address: every worker joins again.
+    with trainer_service(listen=address, member_timeout_s=TIMEOUT_S) as restarted:
+        restarted.wait_members({"w1", "w2", "w3"})
+        _perturb(model, 1.0)
+        restarted.broadcaster.publish(model.named_parameters(), 4)
+        expected = digests(model.named_parameters())
+        for worker in (w1, w2, w3):
+            assert worker.applied(4)["digests"] == expected
+
+
+def test_killed_and_stalled_workers_are_dropped_and_the_survivor_goes_on(workers):
+    with trainer_service(member_timeout_s=TIMEOUT_S, bucket_mb=0.05) as trainer:
+        survivor, victim, stalled = workers(trainer.address, "survivor", "victim", "stalled")
+        trainer.wait_members({"survivor", "victim", "stalled"})
+        model = tiny_model(seed=2)
+        trainer.broadcaster.publish(model.named_parameters(), 1)
+        for worker in (survivor, victim, stalled):
+            worker.applied(1)
+        bound = 3 * TIMEOUT_S + 5
+
+        victim.signal(signal.SIGKILL)
+        _perturb(model, 1.0)
+        started = time.monotonic()
+        trainer.broadcaster.publish(model.named_parameters(), 2)
+        assert trainer.broadcaster.wait_synced(2, timeout=bound), "a dead member must not hang the sync"
+        assert time.monotonic() - started < bound
+        expected = digests(model.named_parameters())
+        assert survivor.applied(2)["digests"] == expected and stalled.applied(2)["digests"] == expected
+        assert set(trainer.broadcaster.members) == {"survivor", "stalled"}
+
+        stalled.signal(signal.SIGSTOP)
+        _perturb(model, 1.0)
+        trainer.broadcaster.publish(model.named_parameters(), 3)
+        assert survivor.applied(3)["digests"] == digests(model.named_parameters())
+        assert trainer.broadcaster.wait_synced(3, timeout=bound)
+        assert trainer.broadcaster.members == ["survivor"], "no ack within the member timeout: dropped"
+        assert trainer.metric("zerobubble_trainer_sync_dropped_total") == 2
+
+        stalled.signal(signal.SIGCONT)
+        trainer.wait_members({"survivor", "stalled"})
+        _perturb(model, 1.0)
+        trainer.broadcaster.publish(model.named_parameters(), 4)
+        expected = digests(model.named_parameters())
+        assert stalled.applied(4)["digests"] == expected and survivor.applied(4)["digests"] == expected
+
+
+def test_refusals_name_the_problem():
+    with trainer_service() as trainer, TrainerClient(trainer.address) as client:
+        with pytest.raises(grpc.RpcError) as refused:
+            client.join("", "cpu")
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "worker_id" in refused.value.details()
+        with pytest.raises(grpc.RpcError) as unknown:
+            next(iter(client.watch("stranger")))
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND and "JoinWeightSync" in unknown.value.details()
+        reply = client.join("w1", "cpu")
+        assert (reply.rank, reply.store_port, reply.backend) == (-1, trainer.broadcaster.store_port, "gloo")
+        assert reply.member_timeout_seconds == trainer.broadcaster.config.member_timeout_s

@@ -1,0 +1,140 @@
+"""Weight sync pieces: the bucket manifest (plan, pack, views, wire form), the broadcaster's snapshot and
+coalescing against a real worker process, its refusals, and the `bench weights` command at a tiny size."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+
+import pytest
+import torch
+from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
+
+from zerobubble.common.errors import InvalidInput, NotFound
+from zerobubble.common.weight_sync import ALIGN, MIB, Manifest
+from zerobubble.trainer.bench_weights import register_bench
+from zerobubble.trainer.broadcaster import WeightBroadcaster, WeightSyncConfig
+
+
+def _mixed() -> list[tuple[str, torch.Tensor]]:
+    return [
+        ("a.weight", torch.randn(3, 5)),
+        ("b.bias", torch.randn(7, dtype=torch.bfloat16)),
+        ("c.steps", torch.arange(5, dtype=torch.int64)),
+        ("d.scalar", torch.tensor(2.5, dtype=torch.float16)),
+        ("e.empty", torch.empty(0, 4)),
+        ("f.big", torch.randn(64, 64)),
+        ("g.tail", torch.randn(9, dtype=torch.bfloat16).view(3, 3).t()),  # not contiguous
+    ]
+
+
+def test_manifest_packs_every_dtype_into_aligned_buckets_and_views_them_back_bit_exactly():
+    named = _mixed()
+    manifest = Manifest.plan(named, bucket_bytes=1024)
+    assert manifest.names == [name for name, _ in named]
+    big = next(b for b in manifest.buckets if any(s.name == "f.big" for s in b.slots))
+    assert len(big.slots) == 1 and big.nbytes == 64 * 64 * 4, "a tensor larger than a bucket gets its own"
+    for bucket in manifest.buckets:
+        assert all(slot.offset % ALIGN == 0 for slot in bucket.slots)
+        if bucket is not big:
+            assert bucket.nbytes <= 1024
+    buffers = manifest.allocate()
+    manifest.pack(named, buffers)
+    assert digests(manifest.views(buffers)) == digests(named)
+    assert Manifest.from_proto(manifest.to_proto()) == manifest
+
+
+def test_manifest_refuses_what_it_does_not_describe():
+    named = _mixed()
+    manifest = Manifest.plan(named, bucket_bytes=MIB)
+    buffers = manifest.allocate()
+    with pytest.raises(ValueError, match="a.weight"):
+        manifest.pack([("a.weight", torch.randn(5, 3)), *named[1:]], buffers)
+    with pytest.raises(ValueError, match="not given"):
+        manifest.pack(named[1:], buffers)
+    wire = manifest.to_proto()
+    wire[0].tensors[0].offset = 3
+    with pytest.raises(ValueError, match="a.weight"):
+        Manifest.from_proto(wire)
+
+
+def test_publish_without_members_completes_and_join_refuses_bad_requests():
+    broadcaster = WeightBroadcaster(WeightSyncConfig(member_timeout_s=2)).start()
+    try:
+        broadcaster.publish(_mixed(), 7)
+        assert broadcaster.wait_synced(7, timeout=10)
+        with pytest.raises(InvalidInput, match="worker_id"):
+            broadcaster.join("", "cpu")
+        with pytest.raises(NotFound, match="JoinWeightSync"):
+            broadcaster.watch("nobody")
+    finally:
+        broadcaster.close()
+
+
+def _step(model: torch.nn.Module, amount: float) -> None:
+    """What an optimizer step does to the weights right after a publish."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(amount)
+
+
+def _wait_sending(trainer, version: int) -> None:
+    deadline = time.monotonic() + 10
+    while trainer.broadcaster.status()["sending_version"] != version:
+        assert time.monotonic() < deadline, f"version {version} was not taken up"
+        time.sleep(0.01)
+
+
+def test_publish_returns_at_once_snapshots_the_weights_and_coalesces_to_the_newest():
+    with trainer_service(member_timeout_s=30, bucket_mb=0.05) as trainer:
+        worker = WorkerProcess(trainer.address, "w1")
+        try:
+            trainer.wait_members({"w1"})
+            model = tiny_model(seed=5)
+            trainer.broadcaster.publish(model.named_parameters(), 1)
+            worker.applied(1)
+
+            # A stopped worker cannot acknowledge: version 2 stays in flight while the trainer goes on.
+            worker.signal(signal.SIGSTOP)
+            snapshot_2 = digests(model.named_parameters())
+            trainer.broadcaster.publish(model.named_parameters(), 2)
+            _step(model, 1.0)
+            _wait_sending(trainer, 2)
+            assert trainer.broadcaster.status()["synced_version"] == 1, "publish does not wait for the broadcast"
+            worker.signal(signal.SIGCONT)
+            assert worker.applied(2)["digests"] == snapshot_2, "a step after publish does not change what is sent"
+
+            worker.signal(signal.SIGSTOP)
+            trainer.broadcaster.publish(model.named_parameters(), 3)
+            _step(model, 1.0)
+            _wait_sending(trainer, 3)
+            trainer.broadcaster.publish(model.named_parameters(), 4)
+            _step(model, 1.0)
+            snapshot_5 = digests(model.named_parameters())
+            trainer.broadcaster.publish(model.named_parameters(), 5)
+            _step(model, 1.0)
+            worker.signal(signal.SIGCONT)
+            assert worker.applied(5)["digests"] == snapshot_5
+            assert trainer.broadcaster.wait_synced(5, timeout=60)
+            assert trainer.metric("zerobubble_trainer_weight_sync_seconds_count") == 4, "1, 2, 3, 5: 4 coalesced"
+        finally:
+            worker.stop()
+
+
+def test_bench_weights_runs_at_a_tiny_size():
+    parser = argparse.ArgumentParser()
+    register_bench(parser.add_subparsers(dest="what"))
+    args = parser.parse_args(["weights", "--sizes", "tiny", "--repeats", "1", "--bucket-mb", "0.05",
+                              "--steps", "2", "--seq-len", "16"])
+    result = args.measure(args)
+    json.dumps(result)
+    (size,) = result["broadcast"]
+    assert size["size"] == "tiny" and size["buckets"] > 1 and size["bytes"] == 2 * size["parameters"]
+    for key in ("bucketed_seconds", "per_tensor_seconds", "flat_seconds", "bucketed_gb_per_s", "per_tensor_gb_per_s",
+                "flat_gb_per_s", "load_seconds", "bucketed_speedup_over_per_tensor"):
+        assert size[key] > 0, key
+    step = result["train_step"]
+    for key in ("step_seconds", "step_seconds_with_sync", "ratio", "publish_seconds", "end_to_end_sync_seconds"):
+        assert step[key] > 0, key
