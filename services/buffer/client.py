@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from zerobubble.buffer.allocator import keep_large_buffers_in_heap
 from zerobubble.common.client import ServiceClient
+from zerobubble.common.config import ClientConfig
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 
 
@@ -20,7 +22,15 @@ class PullResult:
 
 
 class BufferClient(ServiceClient):
+    """`tune_allocator` keeps multi-megabyte buffers in this process's heap (see `keep_large_buffers_in_heap`):
+    pulling 3.5 MiB groups otherwise spends half its CPU time faulting in fresh pages."""
+
     stub_class = buffer_pb2_grpc.BufferServiceStub
+
+    def __init__(self, config: ClientConfig | str, *, tune_allocator: bool = True):
+        if tune_allocator:
+            keep_large_buffers_in_heap()
+        super().__init__(config)
 
     def lease(self, worker_id: str, count: int, *, timeout: float | None = None) -> buffer_pb2.LeaseReply:
         return self.unary("LeasePrompts", buffer_pb2.LeaseRequest(worker_id=worker_id, count=count),

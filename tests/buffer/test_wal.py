@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import time
+import zlib
 
 import pytest
 
-from zerobubble.buffer.wal import WalCorrupt, WriteAheadLog
+from zerobubble.buffer.wal import FRAME, WalCorrupt, WriteAheadLog, encode
 
 
 def replayed(directory, **options):
@@ -29,6 +30,17 @@ def test_records_come_back_in_order_under_every_fsync_policy(tmp_path, fsync):
     fill(tmp_path, fsync=fsync)
     wal, records = replayed(tmp_path, fsync=fsync)
     assert records == [(2, {"n": i}, bytes([i]) * 100) for i in range(3)]
+    wal.close()
+
+
+def test_frames_carry_zlibs_crc32_so_earlier_logs_still_replay(tmp_path):
+    blob = os.urandom(1 << 20)
+    pieces = encode(2, {"n": 1}, blob)
+    length, crc = FRAME.unpack(pieces[0])
+    assert length == len(pieces[1]) + len(blob) and crc == zlib.crc32(pieces[1] + blob)
+    (tmp_path / "00000001.wal").write_bytes(b"".join(pieces))
+    wal, records = replayed(tmp_path)
+    assert records == [(2, {"n": 1}, blob)]
     wal.close()
 
 
