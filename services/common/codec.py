@@ -83,12 +83,13 @@ def decode_array(
         raise InvalidInput(f"negative dimension in shape {list(msg.shape)}", field=f"{field}.shape")
     np_dtype = _NUMPY_DTYPES[msg.dtype]
     expected = math.prod(msg.shape) * np_dtype.itemsize
-    if len(msg.data) != expected:
+    data = msg.data  # each access to a bytes field copies it
+    if len(data) != expected:
         raise InvalidInput(
-            f"{len(msg.data)} bytes do not match shape {list(msg.shape)} of {wire_name} ({expected} bytes)",
+            f"{len(data)} bytes do not match shape {list(msg.shape)} of {wire_name} ({expected} bytes)",
             field=f"{field}.data",
         )
-    return np.frombuffer(msg.data, dtype=np_dtype).reshape(tuple(msg.shape))
+    return np.frombuffer(data, dtype=np_dtype).reshape(tuple(msg.shape))
 
 
 def to_torch(msg: common_pb2.Array, field: str, **expect: Any):

@@ -58,9 +58,13 @@ def test_shipped_config_files_validate():
     from pathlib import Path
 
     from zerobubble.buffer.config import BufferServiceConfig
+    from zerobubble.launcher.config import UpConfig
+    from zerobubble.rollout.config import RolloutServiceConfig
+    from zerobubble.trainer.config import TrainerServiceConfig
 
     root = Path(__file__).resolve().parents[2]
-    schemas = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig}
+    schemas = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "rollout": RolloutServiceConfig,
+               "trainer": TrainerServiceConfig, "demo": UpConfig, "up": UpConfig}
     files = sorted([*root.glob("configs/*.yaml"), *root.glob("deploy/hosts/*.yaml")])
     assert files
     for path in files:

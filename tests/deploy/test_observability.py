@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry
 from zerobubble.buffer import metrics as buffer_metrics
 from zerobubble.reward.metrics import RewardMetrics
 from zerobubble.rollout.metrics import RolloutMetrics
+from zerobubble.rollout.weight_receiver import ReceiverMetrics
+from zerobubble.trainer.broadcaster import SyncMetrics
 from zerobubble.trainer.metrics import TrainerMetrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -20,7 +22,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "zerobubble.json"
 REQUIRED = [
     *(f"zerobubble_trainer_{name}" for name in (
         "loss", "reward_mean", "answer_accuracy", "kl", "entropy", "clip_fraction", "grad_norm", "lr",
-        "response_length_mean", "staleness_mean", "staleness_max", "trainer_idle_fraction", "weight_sync_seconds",
+        "response_length_mean", "staleness_mean", "staleness_max", "trainer_idle_fraction", "weight_sync_seconds_sum",
         "tokens_per_second", "policy_version")),
     *(f"zerobubble_rollout_{name}" for name in (
         "tokens_per_second", "policy_version", "reward_wait_seconds_total", "buffer_wait_seconds_total",
@@ -41,7 +43,7 @@ def exposed(registry: CollectorRegistry) -> set[str]:
 
 def service_metric_names() -> set[str]:
     names: set[str] = set()
-    for metrics in (TrainerMetrics, RolloutMetrics, RewardMetrics):
+    for metrics in (TrainerMetrics, SyncMetrics, RolloutMetrics, ReceiverMetrics, RewardMetrics):
         registry = CollectorRegistry()
         metrics(registry)
         names |= exposed(registry)

@@ -1,0 +1,70 @@
+"""`zerobubble up` configuration: the demo config, rl_example.py flags and --set, and the README's mapping."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from zerobubble.common.config import ConfigError
+from zerobubble.launcher.commands import register, up_config
+from zerobubble.launcher.config import UpConfig, merge, validated
+from zerobubble.launcher.reference_flags import markdown_table
+from zerobubble.trainer.config import TrainerServiceConfig
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def parse(*argv: str):
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["up", *argv])
+
+
+def test_the_demo_config_is_the_default_and_valid():
+    config = up_config(parse())
+    assert config.run_dir == Path("runs/demo") and config.model is None and config.train_data is None
+    trainer = validated(TrainerServiceConfig, merge({"model": "m"}, config.trainer), "trainer section")
+    assert trainer.algorithm_config().clip_low == pytest.approx(0.2)
+
+
+def test_reference_flags_land_on_the_configuration():
+    config = up_config(parse("-m", "/models/q", "-d", "train.jsonl", "-g", "4", "-a", "DAPO", "-lr", "1e-5",
+                             "-tbs", "4", "-tMbs", "2", "-i", "2", "-mnt", "64", "-e", "3", "-p", "exp1",
+                             "-ed", '{"math": "eval.jsonl"}', "-rt", "think_answer_tags", "-kl", "0.05"))
+    assert config.model == Path("/models/q") and config.train_data == Path("train.jsonl")
+    assert config.eval_data == Path("eval.jsonl") and config.run_dir == Path("runs/exp1")
+    assert config.pipeline.num_generations == 4 and config.pipeline.rollout_workers == 2
+    assert config.pipeline.max_new_tokens == 64 and config.buffer["prompts"]["epochs"] == 3
+    assert config.rollout["reward"]["verifier"] == "think_answer_tags"
+    trainer = validated(TrainerServiceConfig, merge({"model": "m"}, config.trainer), "trainer section")
+    assert trainer.algorithm_config().clip_high == pytest.approx(0.28)  # the DAPO preset
+    assert trainer.algorithm_config().beta == pytest.approx(0.05)
+    assert trainer.strategy.optim.lr == pytest.approx(1e-5)
+    assert trainer.batch.groups_per_step == 4 and trainer.batch.mini_batches == 2
+
+
+def test_set_overrides_come_last_and_bad_fields_are_named():
+    config = up_config(parse("-g", "4", "--set", "pipeline.num_generations=6"))
+    assert config.pipeline.num_generations == 6
+    with pytest.raises(ConfigError, match="pipeline.num_generations"):
+        up_config(parse("--set", "pipeline.num_generations=1"))
+    with pytest.raises(ConfigError, match="num-trainers"):
+        up_config(parse("-t", "2"))
+    with pytest.raises(ConfigError, match="batch"):
+        validated(TrainerServiceConfig, {"model": "m", "batch": {"groups_per_step": 3, "mini_batch_groups": 2}},
+                  "trainer section")
+
+
+def test_resume_reads_the_runs_own_config(tmp_path):
+    with pytest.raises(ConfigError, match="no run there"):
+        up_config(parse("--resume", str(tmp_path)))
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "up.yaml").write_text(f"run_dir: {tmp_path}\npipeline:\n  num_generations: 5\n")
+    config = up_config(parse("--resume", str(tmp_path)))
+    assert isinstance(config, UpConfig) and config.pipeline.num_generations == 5
+
+
+def test_readme_has_the_flag_mapping_table():
+    assert markdown_table() in README.read_text()
