@@ -1,0 +1,92 @@
+"""A synthetic arithmetic task small enough for a 1-5M parameter byte-level model to learn in minutes.
+
+Questions are short additions and subtractions of small numbers ("12+7=", "5-9="); the answer is the
+integer, written by the model as \\boxed{19} and checked by the `boxed` verifier. Files follow the math
+format of the reference: one JSON object per line with `messages` and `gt_answer`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+# The reference's default system prompt for the `boxed` verifier; the rollout worker sends it before the
+# user message, so the warm start trains on exactly that layout.
+BOXED_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+
+# Single-digit operands: 200 distinct questions, learnable by a 1M-parameter model in a few hundred steps.
+DEFAULT_MAX_OPERAND = 9
+DEFAULT_TRAIN_SIZE = 150
+DEFAULT_EVAL_SIZE = 50
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    messages: list[dict[str, str]]
+    gt_answer: str
+
+
+def all_questions(max_operand: int) -> list[tuple[str, str]]:
+    """Every (question, answer) with operands in [0, max_operand], in a fixed order."""
+    return [
+        (f"{a}{op}{b}=", str(a + b if op == "+" else a - b))
+        for a in range(max_operand + 1)
+        for b in range(max_operand + 1)
+        for op in "+-"
+    ]
+
+
+def make_arithmetic_task(
+    out_dir: Path,
+    *,
+    train_size: int = DEFAULT_TRAIN_SIZE,
+    eval_size: int = DEFAULT_EVAL_SIZE,
+    seed: int = 0,
+    max_operand: int = DEFAULT_MAX_OPERAND,
+) -> tuple[Path, Path]:
+    """Write train.jsonl and a held-out eval.jsonl (no question in both); return their paths.
+
+    Train rows carry `messages` as one object, eval rows as a one-element list: readers must take both.
+    """
+    questions = all_questions(max_operand)
+    if train_size + eval_size > len(questions):
+        raise ValueError(
+            f"train_size + eval_size = {train_size + eval_size} exceeds the {len(questions)} distinct questions "
+            f"with operands up to {max_operand}"
+        )
+    random.Random(seed).shuffle(questions)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_path, eval_path = out_dir / "train.jsonl", out_dir / "eval.jsonl"
+    with train_path.open("w") as train:
+        for question, answer in questions[:train_size]:
+            train.write(json.dumps({"messages": {"role": "user", "content": question}, "gt_answer": answer}) + "\n")
+    with eval_path.open("w") as held_out:
+        for question, answer in questions[train_size : train_size + eval_size]:
+            row = {"messages": [{"role": "user", "content": question}], "gt_answer": answer}
+            held_out.write(json.dumps(row) + "\n")
+    return train_path, eval_path
+
+
+def read_task(path: Path) -> list[TaskRow]:
+    """Rows of a math JSONL file, `messages` always as a list."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            messages = record["messages"]
+            rows.append(TaskRow(messages=[messages] if isinstance(messages, dict) else messages,
+                                gt_answer=str(record["gt_answer"])))
+    return rows
+
+
+def chat_messages(row: TaskRow) -> list[dict[str, str]]:
+    """The conversation the rollout worker sends for the `boxed` verifier: system prompt, then the row's."""
+    return [{"role": "system", "content": BOXED_SYSTEM_PROMPT}, *row.messages]
+
+
+def target_response(gt_answer: str) -> str:
+    """What a correct, well-formed answer looks like (the end-of-turn token follows it)."""
+    return f"\\boxed{{{gt_answer}}}"
