@@ -39,6 +39,8 @@ def prepare_assets(config: UpConfig, cache: Path) -> RunAssets:
 
 
 def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
+    import torch
+
     from zerobubble.tiny.model import make_tiny_model
     from zerobubble.tiny.warm_start import warm_start
 
@@ -51,6 +53,8 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
     log.info("making the tiny model (%s) in %s", tiny.size, directory)
     make_tiny_model(partial, size=tiny.size, seed=tiny.seed)
     figures = {}
+    if config.pipeline.torch_threads:
+        torch.set_num_threads(config.pipeline.torch_threads)
     if tiny.warm_start_steps:
         log.info("warm start: %d supervised steps on %s", tiny.warm_start_steps, train)
         figures = warm_start(partial, train, steps=tiny.warm_start_steps, seed=tiny.seed)

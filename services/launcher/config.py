@@ -32,6 +32,9 @@ class PipelineConfig(Schema):
     max_new_tokens: int = Field(16, gt=0, description="response limit (rollout, trainer loss and overlong rules)")
     max_staleness: int | None = Field(None, ge=0, description="0: strictly on-policy; null: unbounded")
     rollout_workers: int = Field(1, gt=0)
+    torch_threads: int | None = Field(1, gt=0, description="torch CPU threads of each process (warm start, "
+                                      "trainer, workers); null: torch's default. Several processes share the "
+                                      "cores, and oversubscribed torch threads slow each other down many times")
 
 
 class UpConfig(Schema):

@@ -58,6 +58,7 @@ class Run:
         trainer_tree = merge({
             "server": {"listen": LOOPBACK}, "model": assets.model, "run_dir": self.run_dir / "trainer",
             "resume": self.resume, "batch": {"max_new_tokens": pipeline.max_new_tokens},
+            "torch_threads": pipeline.torch_threads,
         }, config.trainer)
         algorithm = validated(TrainerServiceConfig, trainer_tree, "trainer section").algorithm_config()
         buffer = self.start("buffer", "buffer", BufferServiceConfig, merge({
@@ -74,7 +75,7 @@ class Run:
                 "generation": {"num_generations": pipeline.num_generations,
                                "max_new_tokens": pipeline.max_new_tokens, "seed": 1000 * i},
                 "buffer": {"address": buffer.address}, "reward_service": {"address": reward.address},
-                "trainer": {"address": trainer.address},
+                "trainer": {"address": trainer.address}, "torch_threads": pipeline.torch_threads,
             }
             if i == 0 and assets.eval is not None:
                 tree["eval"] = {"datasets": {"heldout": assets.eval}, "output_dir": self.run_dir / "eval"}

@@ -16,7 +16,8 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.buffer.client import BufferClient, PullResult
+from zerobubble.rollout.persistence import Stopped, until_done
 from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
 from zerobubble.trainer.collate import ExperienceBatch, collate
 from zerobubble.trainer.config import TrainerServiceConfig
@@ -26,6 +27,7 @@ from zerobubble.trainer.update import PolicyUpdate
 from zerobubble.v1 import common_pb2
 
 log = logging.getLogger(__name__)
+PULL_BACKOFF_MAX_SECONDS = 2.0
 
 
 def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
@@ -126,9 +128,10 @@ class TrainingLoop:
         wanted, groups = self.groups_per_rank, []
         started = time.monotonic()
         while len(groups) < wanted and not self.stopping.is_set():
-            result = self.buffer.pull(self.strategy.rank, self.strategy.world_size, wanted - len(groups),
-                                      wait_seconds=self.config.batch.pull_wait_seconds,
-                                      trainer_id=self.config.trainer_id)
+            try:
+                result = self._pull_once(wanted - len(groups))
+            except Stopped:
+                break
             groups.extend(g.group for g in result.groups)
             self.delivered = max(self.delivered, result.last_delivery)
             if result.end_of_data:
@@ -141,6 +144,15 @@ class TrainingLoop:
                 log.info("end of the data: %d groups left over, fewer than a step's %d", len(groups), wanted)
             return None
         return groups
+
+    def _pull_once(self, count: int) -> PullResult:
+        """One PullBatch, retried while the buffer is down or restarting: a stream is not retried by the
+        client, and a buffer restart must not end the run."""
+        return until_done(
+            lambda: self.buffer.pull(self.strategy.rank, self.strategy.world_size, count,
+                                     wait_seconds=self.config.batch.pull_wait_seconds,
+                                     trainer_id=self.config.trainer_id),
+            what="pull", stop=self.stopping, max_backoff=PULL_BACKOFF_MAX_SECONDS)
 
     def _train(self, groups: list[common_pb2.ExperienceGroup]) -> None:
         started = time.monotonic()

@@ -1,0 +1,86 @@
+"""Every service on its own host (a network namespace with its own address), started with
+`ip netns exec NS python -m zerobubble.cli serve SVC --config FILE`, configs naming the others by address:
+a short training runs to its end, and the weights reach the rollout worker over gloo between hosts."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from e2e_helpers import (
+    GROUPS_PER_STEP,
+    PROXY_VARIABLES,
+    NamespacedService,
+    buffer_tree,
+    loaded_versions,
+    log_tail,
+    metrics_rows,
+    reward_tree,
+    rollout_tree,
+    start_all,
+    stop_all,
+    trainer_tree,
+    wait_for,
+    write_config,
+)
+from e2e_netns import NetworkNamespaces, namespaces_unavailable
+from stack import tiny_assets
+
+from zerobubble.buffer.client import BufferClient
+from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
+
+PROMPTS = 32
+STEPS = PROMPTS // GROUPS_PER_STEP
+SERVICES = ("reward", "buffer", "trainer", "rollout")
+PORTS = {"reward": 50052, "buffer": 50053, "rollout": 50054, "trainer": 50055}
+
+
+@pytest.fixture
+def hosts(monkeypatch):
+    reason = namespaces_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    net = NetworkNamespaces(list(SERVICES))
+    try:
+        yield net.create()
+    finally:
+        net.close()
+    assert not net.leftovers()
+
+
+def test_training_runs_to_the_end_with_every_service_on_its_own_host(hosts, tmp_path):
+    model, train, _ = tiny_assets(tmp_path / "assets", train_size=PROMPTS, eval_size=4)
+    run_dir, logs = tmp_path / "run", tmp_path / "run" / "logs"
+    at = {name: f"{hosts.addresses[name]}:{PORTS[name]}" for name in SERVICES}
+    trees = {
+        "reward": reward_tree(at["reward"]),
+        "buffer": buffer_tree(at["buffer"], train, run_dir / "buffer-wal"),
+        # The weight-sync store and the trainer's gloo end listen on the trainer host's own address.
+        "trainer": trainer_tree(at["trainer"], model, run_dir / "trainer", at["buffer"],
+                                hosts.addresses["trainer"]),
+        "rollout": rollout_tree(at["rollout"], "rollout-0", model, buffer=at["buffer"], reward=at["reward"],
+                                trainer=at["trainer"], seed=0),
+    }
+    processes = [NamespacedService(name, name, write_config(run_dir, name, name, trees[name]), logs,
+                                   hosts.namespaces[name]) for name in SERVICES]
+    reward, buffer, trainer, rollout = processes
+    try:
+        start_all(processes)
+        assert [p.address for p in processes] == [at[name] for name in SERVICES]
+        wait_for(lambda: trainer.exit_code is not None, 120, "the trainer to finish",
+                 [p for p in processes if p is not trainer])
+        assert trainer.exit_code == 0, log_tail(trainer)
+        with BufferClient(buffer.address) as client:
+            stats = client.stats()
+        with grpc.insecure_channel(rollout.address) as channel:
+            status = rollout_pb2_grpc.RolloutServiceStub(channel).Status(rollout_pb2.RolloutStatusRequest(),
+                                                                         timeout=10)
+    finally:
+        stop_all(processes)
+
+    assert [row["step"] for row in metrics_rows(run_dir)] == list(range(1, STEPS + 1))
+    assert stats.end_of_data and stats.groups_in == PROMPTS
+    assert status.worker_id == "rollout-0" and status.policy_version > 0
+    assert 0 < status.policy_version <= max(loaded_versions(rollout.log_path)) <= STEPS
+    assert f"weight sync store on {hosts.addresses['trainer']}:" in trainer.log_path.read_text()
