@@ -53,6 +53,8 @@ class LeaseGrant:
     expires_in_seconds: float
     end_of_data: bool
     policy_version: int
+    epoch_size: int = 0
+    epoch_finished: int = 0
 
 
 @dataclass
@@ -237,6 +239,8 @@ class Buffer:
                 expires_in_seconds=0.0 if lease is None else self.config.leases.timeout_seconds,
                 end_of_data=self.leases.end_of_data,
                 policy_version=self.policy_version,
+                epoch_size=len(self.source),
+                epoch_finished=self.leases.finished_in(prompts[0].epoch if prompts else self.leases.epoch),
             )
 
     def complete_lease(self, lease_id: str, prompt_ids: Sequence[str] = ()) -> None:

@@ -106,6 +106,12 @@ class PromptLeases:
     def end_of_data(self) -> bool:
         return self.next_epoch == self.total_epochs and not self.epochs
 
+    def finished_in(self, epoch: int) -> int:
+        """Prompts of `epoch` already finished (for schedules over an epoch, such as temperature annealing)."""
+        if epoch in self.epochs:
+            return self.epochs[epoch].done_count
+        return len(self.source) if epoch < self.next_epoch else 0
+
     def key_of(self, prompt_id: str, epoch: int, field_prefix: str = "prompt") -> PromptKey:
         index = self.source.index_of.get(prompt_id)
         if index is None:

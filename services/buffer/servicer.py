@@ -67,6 +67,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             expires_in_seconds=grant.expires_in_seconds,
             end_of_data=grant.end_of_data,
             policy_version=grant.policy_version,
+            epoch_size=grant.epoch_size,
+            epoch_finished=grant.epoch_finished,
         )
 
     @translate_errors

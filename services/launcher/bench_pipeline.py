@@ -161,13 +161,14 @@ def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
     }
 
 
-def bench_pipeline(*, prompts: int = 64, workers: int = 1, max_new_tokens: int = 16, async_staleness: int = 4,
-                   groups_per_step: int | None = None, warm_start_steps: int | None = None,
+def bench_pipeline(*, prompts: int = 64, epochs: int = 1, workers: int = 1, max_new_tokens: int = 16,
+                   async_staleness: int = 4, groups_per_step: int | None = None, warm_start_steps: int | None = None,
                    cache: Path = Path("runs/.assets"), workdir: Path | None = None) -> dict[str, Any]:
-    """Both modes of the demo pipeline on the first `prompts` prompts of its task; the figures as a JSON-able
-    dict. `cache` holds the (warm-started) tiny model between runs, as it does for `zerobubble up`."""
+    """Both modes of the demo pipeline on the first `prompts` prompts of its task, `epochs` passes; the figures
+    as a JSON-able dict. `cache` holds the (warm-started) tiny model between runs, as it does for `zerobubble up`."""
     overrides: dict[str, Any] = {
         "final_eval": False, "pipeline.max_new_tokens": max_new_tokens, "pipeline.rollout_workers": workers,
+        "buffer.prompts.epochs": epochs,
         # Shutdown is not measured: a short grace keeps open weight-watch streams from holding each run up.
         **{f"{service}.server.grace_seconds": 1.0 for service in ("reward", "buffer", "trainer", "rollout")},
     }
@@ -175,8 +176,10 @@ def bench_pipeline(*, prompts: int = 64, workers: int = 1, max_new_tokens: int =
         overrides["trainer.batch.groups_per_step"] = groups_per_step
     if warm_start_steps is not None:
         overrides["tiny_model.warm_start_steps"] = warm_start_steps
-    figures: dict[str, Any] = {"benchmark": "pipeline", "prompts": prompts, "rollout_workers": workers,
-                               "max_new_tokens": max_new_tokens}
+    figures: dict[str, Any] = {"benchmark": "pipeline", "prompts": prompts, "epochs": epochs,
+                               "rollout_workers": workers, "max_new_tokens": max_new_tokens}
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
     runs = tempfile.TemporaryDirectory(prefix="zerobubble-bench-pipeline-") if workdir is None else nullcontext(workdir)
     with runs as scratch:
         base = load_config(UpConfig, DEMO_CONFIG, {**overrides, "run_dir": str(Path(scratch) / "unused")})
@@ -184,6 +187,8 @@ def bench_pipeline(*, prompts: int = 64, workers: int = 1, max_new_tokens: int =
         # The eval set is left out: no evaluation takes the workers' engines during the measurement.
         assets = RunAssets(model=assets.model, train=first_prompts(assets.train, prompts,
                                                                    Path(scratch) / "prompts.jsonl"), eval=None)
+        figures["model"] = str(base.model) if base.model else f"tiny-{base.tiny_model.size}"
+        figures["warm_start_steps"] = base.tiny_model.warm_start_steps
         figures["groups_per_step"] = base.trainer.get("batch", {}).get("groups_per_step")
         figures["num_generations"] = base.pipeline.num_generations
         for mode, staleness in (("on_policy", 0), ("async", async_staleness)):
@@ -200,6 +205,7 @@ def register_bench(benches) -> None:
     parser = benches.add_parser("pipeline", help="the demo pipeline on-policy (max_staleness 0) vs asynchronous: "
                                 "samples/s, idle fractions, stale drops")
     parser.add_argument("--prompts", type=int, default=64, help="prompts of the task each mode trains on")
+    parser.add_argument("--epochs", type=int, default=1, help="passes over those prompts")
     parser.add_argument("--workers", type=int, default=1, help="rollout workers")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="response limit")
     parser.add_argument("--async-staleness", type=int, default=4, help="max_staleness of the asynchronous run")
@@ -210,6 +216,6 @@ def register_bench(benches) -> None:
     parser.add_argument("--workdir", type=Path,
                         help="keep the runs' folders (logs, metrics) here (default: a temp dir, removed)")
     parser.set_defaults(measure=lambda args: bench_pipeline(
-        prompts=args.prompts, workers=args.workers, max_new_tokens=args.max_new_tokens,
+        prompts=args.prompts, epochs=args.epochs, workers=args.workers, max_new_tokens=args.max_new_tokens,
         async_staleness=args.async_staleness, groups_per_step=args.groups_per_step,
         warm_start_steps=args.warm_start_steps, cache=args.cache, workdir=args.workdir))

@@ -16,14 +16,14 @@ from zerobubble.common.config import ConfigError, Schema, load_config
 
 
 class TinyModel(Schema):
-    size: str = Field("2m", description="preset of `zerobubble make-tiny-model`")
+    size: str = Field("1m", description="preset of `zerobubble make-tiny-model`")
     seed: int = 0
     warm_start_steps: int = Field(300, ge=0, description="supervised steps before RL (0: none)")
 
 
 class ArithmeticTask(Schema):
-    train_size: int = Field(2000, gt=0)
-    eval_size: int = Field(200, gt=0)
+    train_size: int = Field(150, gt=0)
+    eval_size: int = Field(50, gt=0)
     seed: int = 0
 
 

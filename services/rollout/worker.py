@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass
 
 from zerobubble.buffer.client import BufferClient
+from zerobubble.common.persistence import Stopped, until_done
 from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
 from zerobubble.rollout.experience import experience_group, score_requests
 from zerobubble.rollout.metrics import RolloutMetrics
-from zerobubble.rollout.persistence import Stopped, until_done
 from zerobubble.rollout.prompting import PromptBuilder, system_prompt
 from zerobubble.v1 import buffer_pb2, common_pb2
 

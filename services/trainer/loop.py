@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from zerobubble.buffer.client import BufferClient, PullResult
-from zerobubble.rollout.persistence import Stopped, until_done
+from zerobubble.common.persistence import Stopped, until_done
 from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
 from zerobubble.trainer.collate import ExperienceBatch, collate
 from zerobubble.trainer.config import TrainerServiceConfig

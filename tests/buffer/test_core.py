@@ -282,3 +282,15 @@ def test_a_log_written_for_other_prompts_is_not_replayed(open_buffer):
     open_buffer(prompts=8).close()
     with pytest.raises(PromptFileError, match="different prompt set"):
         open_buffer(prompts=9)
+
+
+def test_leases_report_the_epochs_progress(open_buffer):
+    buffer = open_buffer(prompts=8, prompts__epochs=2)
+    first = buffer.lease_prompts("w", 3)
+    assert (first.epoch_size, first.epoch_finished) == (8, 0)
+    push_all(buffer, first.prompts)
+    second = buffer.lease_prompts("w", 5)
+    assert second.epoch_finished == 3 and {p.epoch for p in second.prompts} == {0}
+    push_all(buffer, second.prompts, first_sequence=3)
+    third = buffer.lease_prompts("w", 1)
+    assert third.prompts[0].epoch == 1 and third.epoch_finished == 0

@@ -1,5 +1,5 @@
-"""Calls to a peer service that must eventually succeed: a worker outlives a restarting buffer or reward
-service instead of dying with it."""
+"""Calls to a peer service that must eventually succeed: a worker or trainer outlives a restarting buffer or
+reward service instead of dying with it."""
 
 from __future__ import annotations
 
