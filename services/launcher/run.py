@@ -60,9 +60,13 @@ class Run:
             "resume": self.resume, "batch": {"max_new_tokens": pipeline.max_new_tokens},
             "torch_threads": pipeline.torch_threads,
         }, config.trainer)
-        algorithm = validated(TrainerServiceConfig, trainer_tree, "trainer section").algorithm_config()
+        trainer_config = validated(TrainerServiceConfig, trainer_tree, "trainer section")
+        algorithm = trainer_config.algorithm_config()
         buffer = self.start("buffer", "buffer", BufferServiceConfig, merge({
             "server": {"listen": LOOPBACK}, "prompts": {"path": assets.train},
+            # Workers stop leasing when two steps of groups wait: generating further ahead would only
+            # make samples the staleness bound throws away.
+            "capacity": {"max_groups": 2 * trainer_config.batch.groups_per_step},
             "wal": {"directory": self.run_dir / "buffer-wal"},
             "filters": {"num_generations": pipeline.num_generations, "max_staleness": pipeline.max_staleness,
                         "accuracy_range": algorithm.filter_range},
@@ -76,6 +80,7 @@ class Run:
                                "max_new_tokens": pipeline.max_new_tokens, "seed": 1000 * i},
                 "buffer": {"address": buffer.address}, "reward_service": {"address": reward.address},
                 "trainer": {"address": trainer.address}, "torch_threads": pipeline.torch_threads,
+                "max_policy_lag": pipeline.max_staleness,
             }
             if i == 0 and assets.eval is not None:
                 tree["eval"] = {"datasets": {"heldout": assets.eval}, "output_dir": self.run_dir / "eval"}

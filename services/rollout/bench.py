@@ -81,7 +81,7 @@ def worker_rate(model: Path, train: Path, folder: Path, *, samples: int, max_new
             "generation.seed": WORKER_SEED, "lease_wait_seconds": 0.02,
         })
         host = build_rollout(config)
-        # The same warm-up the bare engine had; its seed differs from every measured batch's stream start.
+        # The same warm-up batch the bare engine had, outside the measurement.
         host.engine.generate(warm_up, sampling(samples, max_new_tokens, 0))
         tokens_before = _counter(host, "zerobubble_rollout_tokens_total")
         started = time.perf_counter()

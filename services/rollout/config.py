@@ -70,6 +70,10 @@ class RolloutServiceConfig(Schema):
     )
     torch_threads: int | None = Field(None, gt=0, description="CPU threads of torch in this process (null: "
                                       "torch's default, all cores); on a shared small machine 1 avoids contention")
+    max_policy_lag: int | None = Field(
+        None, ge=0, description="generate only with weights at most this many versions behind the trainer's "
+        "(as the lease reports it), waiting for new weights otherwise; set it to the buffer's max_staleness so "
+        "groups are not made only to be dropped as stale. null: never wait")
     backoff_max_seconds: float = Field(5.0, gt=0, description="longest pause between retries of a lost peer")
     lease_wait_seconds: float = Field(0.5, gt=0, description="pause before asking again after an empty lease")
 

@@ -116,6 +116,7 @@ class RolloutWorker:
             if not lease.prompts:
                 self.stopping.wait(self.config.lease_wait_seconds)
                 continue
+            self._catch_up(lease.policy_version)
             batch = self._generate(lease)
             self._scoring.put(batch)
             if self.error is not None:
@@ -133,6 +134,18 @@ class RolloutWorker:
         if self.evaluator is not None:
             with self.engine_lock:
                 self.evaluator.maybe_run(self.engine)
+
+    def _catch_up(self, trainer_version: int) -> None:
+        """Wait until the engine's weights are within max_policy_lag of the trainer's version."""
+        lag = self.config.max_policy_lag
+        if lag is None or self.receiver is None:
+            return
+        wanted = trainer_version - lag
+        while self.engine.policy_version < wanted and not self.stopping.is_set():
+            self.receiver.wait_for(wanted, timeout=1.0)
+            with self.engine_lock:
+                self.receiver.apply_to(self.engine)
+        self.metrics.policy_version.set(self.engine.policy_version)
 
     def _generate(self, lease: buffer_pb2.LeaseReply) -> GeneratedBatch:
         gen = self.config.generation
