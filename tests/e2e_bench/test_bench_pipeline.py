@@ -1,0 +1,34 @@
+"""`zerobubble bench pipeline` at a tiny budget: both modes run the real pipeline (every service its own
+process) to the end and give their figures; on-policy mode trains only on samples of the current policy."""
+
+from __future__ import annotations
+
+import argparse
+
+from zerobubble.launcher.bench_pipeline import register_bench
+
+PROMPTS = 12
+GROUPS_PER_STEP = 2
+
+
+def test_bench_pipeline_compares_on_policy_and_async_runs(tmp_path):
+    parser = argparse.ArgumentParser()
+    register_bench(parser.add_subparsers(dest="what"))
+    args = parser.parse_args(["pipeline", "--prompts", str(PROMPTS), "--workers", "1", "--max-new-tokens", "4",
+                              "--groups-per-step", str(GROUPS_PER_STEP), "--async-staleness", "2",
+                              "--warm-start-steps", "0", "--cache", str(tmp_path / "cache")])
+    figures = args.measure(args)
+
+    assert figures["groups_per_step"] == GROUPS_PER_STEP and figures["async_vs_on_policy_samples_per_s"] > 0
+    samples_per_step = GROUPS_PER_STEP * figures["num_generations"]
+    for mode, bound in (("on_policy", 0), ("async", 2)):
+        run = figures[mode]
+        assert run["max_staleness"] == bound
+        assert run["steps"] >= 1 and run["samples_trained"] == run["steps"] * samples_per_step
+        assert run["samples_per_s"] > 0 and run["training_seconds"] > 0
+        assert 0 <= run["trainer_idle_fraction"] < 1
+        assert run["staleness_max"] <= bound
+        # Every prompt became one stored group; each was delivered to the trainer or dropped as stale.
+        assert run["groups_generated"] == PROMPTS and run["filtered"] == 0
+        assert run["groups_delivered"] + run["stale_dropped"] == PROMPTS
+        assert run["rollout_wait_fraction"] is None or run["rollout_wait_fraction"] >= 0
