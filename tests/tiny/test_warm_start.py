@@ -1,0 +1,74 @@
+"""The warm start: supervised steps lower the response loss and save the model; evaluation scores with the verifier."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from zerobubble.tiny.model import make_tiny_model
+from zerobubble.tiny.task import read_task
+from zerobubble.tiny.warm_start import IGNORE_INDEX, collate, encode_examples, evaluate, evaluate_accuracy, warm_start
+
+
+def write_rows(path, rows: dict[str, str]):
+    path.write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": q}], "gt_answer": a}) + "\n" for q, a in rows.items()
+    ))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Many times faster than two spinning threads on a shared 2-core machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def two_questions(tmp_path):
+    return write_rows(tmp_path / "two.jsonl", {"3+4=": "7", "8-5=": "3"})
+
+
+def response_loss(model_dir, jsonl) -> float:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.inference_mode():
+        return model(**collate(encode_examples(tokenizer, read_task(jsonl)), tokenizer.pad_token_id)).loss.item()
+
+
+def test_collate_trains_only_on_the_response_and_end_of_turn(tmp_path, two_questions):
+    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path / "m", size="1m"))
+    batch = collate(encode_examples(tokenizer, read_task(two_questions)), tokenizer.pad_token_id)
+    for labels in batch["labels"]:
+        targets = labels[labels != IGNORE_INDEX].tolist()
+        assert targets[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(targets[:-1]) in ("\\boxed{7}", "\\boxed{3}")
+    assert batch["attention_mask"].sum().item() == (batch["input_ids"] != tokenizer.pad_token_id).sum().item()
+
+
+def test_warm_start_lowers_the_loss_saves_in_place_and_is_scored(tmp_path):
+    one_question = write_rows(tmp_path / "one.jsonl", {"3+4=": "7"})
+    model_dir = make_tiny_model(tmp_path / "m", size="1m", seed=0)
+    before_weights = load_file(model_dir / "model.safetensors")
+    before_loss = response_loss(model_dir, one_question)
+    assert evaluate_accuracy(model_dir, one_question, samples_per_prompt=1, temperature=0.0, max_new_tokens=8) == 0.0
+
+    figures = warm_start(model_dir, one_question, steps=60, batch_size=4, lr=3e-3)
+
+    assert figures["steps"] == 60 and figures["seconds"] > 0
+    assert figures["final_loss"] < figures["initial_loss"]
+    after_weights = load_file(model_dir / "model.safetensors")
+    assert not torch.equal(before_weights["model.embed_tokens.weight"], after_weights["model.embed_tokens.weight"])
+    assert response_loss(model_dir, one_question) < before_loss / 4
+    # Memorised: the greedy answer is boxed, ends the turn, and the verifier's logic accepts it...
+    assert evaluate(model_dir, one_question, samples_per_prompt=1, temperature=0.0, max_new_tokens=12) == {
+        "accuracy": 1.0, "format": 1.0, "samples": 1, "temperature": 0.0}
+    # ...and refuses it against another gold answer.
+    other_gold = write_rows(tmp_path / "other.jsonl", {"3+4=": "8"})
+    assert evaluate(model_dir, other_gold, samples_per_prompt=2, temperature=0.0, max_new_tokens=12)["accuracy"] == 0.0
