@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import engine_cases
 import numpy as np
 import pytest
 import torch
@@ -11,12 +10,6 @@ from engine_cases import ascii_pair_stop, chat_prompts, checkpoint_weights, reco
 from zerobubble.rollout.engine import Engine, SamplingSettings, WeightLoadError, resolve_dtype
 from zerobubble.rollout.engine_transformers import TransformersEngine
 from zerobubble.rollout.engines import make_engine, vllm_available
-
-# Fixtures shared by the engine tests.
-one_torch_thread = engine_cases.one_torch_thread
-tiny_model = engine_cases.tiny_model
-varied_model = engine_cases.varied_model
-other_varied_model = engine_cases.other_varied_model
 
 LOGPROB_TOLERANCE = 1e-4
 

