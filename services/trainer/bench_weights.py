@@ -3,9 +3,10 @@
 For each model size (Qwen2 architecture, random init): the bucketed broadcast this project uses, the
 reference's one broadcast call per tensor, and one flat tensor of the same bytes (the limit), all in
 the same run against the same receiver; the receiver's time to load the weights into a transformers
-model. Then a training step (forward, backward, AdamW) of the smallest size alone, and with a
-publish after every step so a broadcast runs in the background through the real broadcaster, trainer
-service and weight receiver.
+model. Then what a sync running in the background costs a training step (forward, backward, AdamW) of
+the first size: steps without and with a publish after every step (through the real broadcaster,
+trainer service and weight receiver), in alternating phases with a fixed number of torch threads,
+reported as medians with their spread, and with how many of the steps a sync actually overlapped.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
-from statistics import median
+from statistics import median, quantiles
 
 import torch
 from torch.distributed import TCPStore
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from zerobubble.common.weight_sync import MIB, Manifest, form_group, start_broadcast, wait_broadcast
+from zerobubble.trainer.broadcaster import WeightBroadcaster, WeightSyncConfig
 
 # Parameter counts with tied embeddings: tiny ~0.1M (tests), 125m ~128M, 500m ~494M (Qwen2.5-0.5B's shape).
 SIZES: dict[str, dict] = {
@@ -134,12 +137,13 @@ def _measure_size(size: str, dtype: torch.dtype, bucket_mb: float, repeats: int)
     return result
 
 
-def _receiver_child(address: str, size: str, dtype_name: str) -> None:
+def _receiver_child(address: str, size: str, dtype_name: str, threads: int) -> None:
     """A rollout worker's side: a WeightReceiver loading every version it gets into a transformers model,
     until its standard input closes."""
     from zerobubble.rollout.weight_receiver import WeightReceiver
     from zerobubble.trainer.client import TrainerClient
 
+    torch.set_num_threads(threads)
     engine = StandInEngine(build_model(size, getattr(torch, dtype_name), seed=1))
     done = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
@@ -150,24 +154,68 @@ def _receiver_child(address: str, size: str, dtype_name: str) -> None:
         receiver.close()
 
 
-def _train_steps(model: torch.nn.Module, optimizer, batch: torch.Tensor, steps: int, after_step) -> list[float]:
-    times = []
-    for step in range(steps):
+class _RecordingBroadcaster(WeightBroadcaster):
+    """The real broadcaster, noting when each sync ran, so the bench can tell which steps one overlapped."""
+
+    def __init__(self, config: WeightSyncConfig):
+        super().__init__(config)
+        self.sync_spans: list[tuple[float, float]] = []
+
+    def _sync(self, snapshot) -> None:
         started = time.perf_counter()
+        try:
+            super()._sync(snapshot)
+        finally:
+            self.sync_spans.append((started, time.perf_counter()))
+
+
+@dataclass(frozen=True)
+class _Step:
+    started: float
+    ended: float
+    publish_seconds: float  # part of the step spent copying weights into the broadcaster's buffers
+    # The training thread's CPU time: all of the step's compute with one torch thread, and unlike the wall
+    # time not stretched by other processes taking the cores.
+    cpu_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+    def overlap(self, spans: list[tuple[float, float]]) -> float:
+        return sum(max(0.0, min(self.ended, end) - max(self.started, begin)) for begin, end in spans)
+
+
+def _train_steps(model: torch.nn.Module, optimizer, batch: torch.Tensor, steps: int, publish=None) -> list[_Step]:
+    """`steps` updates; `publish` (if any) runs at the end of each, as a trainer publishes after its update."""
+    timed = []
+    for _ in range(steps):
+        started, cpu_started = time.perf_counter(), time.thread_time()
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        after_step(step)
-        times.append(time.perf_counter() - started)
-    return times
+        publish_seconds = 0.0
+        if publish is not None:
+            begun = time.perf_counter()
+            publish()
+            publish_seconds = time.perf_counter() - begun
+        timed.append(_Step(started, time.perf_counter(), publish_seconds, time.thread_time() - cpu_started))
+    return timed
 
 
-def _measure_step(size: str, steps: int, batch_size: int, seq_len: int, sync_dtype: torch.dtype,
-                  bucket_mb: float) -> dict:
+def _spread(values: list[float]) -> dict:
+    quartiles = quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {"min": min(values), "q1": quartiles[0], "median": median(values), "q3": quartiles[2], "max": max(values)}
+
+
+def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: int, sync_dtype: torch.dtype,
+                  bucket_mb: float, threads: int) -> dict:
+    """Train steps with and without a sync in the background, in alternating phases (without/with, then
+    with/without, ...) so drift and load from elsewhere fall on both alike; the receiver process and the
+    broadcaster are up in both, and nothing is in flight when a phase without sync starts."""
     from zerobubble.common.config import ServerConfig
     from zerobubble.common.server import ServiceHost
-    from zerobubble.trainer.broadcaster import WeightBroadcaster, WeightSyncConfig
     from zerobubble.trainer.servicer import SERVICE, TrainerServicer
     from zerobubble.v1 import trainer_pb2_grpc
 
@@ -175,50 +223,79 @@ def _measure_step(size: str, steps: int, batch_size: int, seq_len: int, sync_dty
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     batch = torch.randint(0, model.config.vocab_size, (batch_size, seq_len))
-    _train_steps(model, optimizer, batch, 1, lambda step: None)  # warm-up: optimizer state, allocator
-    alone = _train_steps(model, optimizer, batch, steps, lambda step: None)
 
-    broadcaster = WeightBroadcaster(WeightSyncConfig(bucket_mb=bucket_mb, member_timeout_s=TIMEOUT_S)).start()
+    broadcaster = _RecordingBroadcaster(WeightSyncConfig(bucket_mb=bucket_mb, member_timeout_s=TIMEOUT_S)).start()
     host = ServiceHost("trainer", ServerConfig(metrics_port=None, grace_seconds=0))
     host.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, TrainerServicer(broadcaster, _NoTraining()),
              SERVICE.full_name)
     host.start()
     child = subprocess.Popen([sys.executable, "-m", __name__, "receiver", host.address, size,
-                              str(sync_dtype).split(".")[-1]], stdin=subprocess.PIPE)
+                              str(sync_dtype).split(".")[-1], str(threads)], stdin=subprocess.PIPE)
+    versions = iter(range(1_000_000))
+
+    def publish() -> None:
+        broadcaster.publish(((name, p.detach().to(sync_dtype)) for name, p in model.named_parameters()),
+                            next(versions))
+
+    def phase(with_sync: bool, count: int) -> list[_Step]:
+        if not with_sync:
+            return _train_steps(model, optimizer, batch, count)
+        publish()  # in flight from the first measured step on
+        timed = _train_steps(model, optimizer, batch, count, publish)
+        broadcaster.wait_synced(broadcaster.status()["published_version"], TIMEOUT_S)
+        while broadcaster.status()["sending_version"] != -1:  # the sender thread is done with it, span noted
+            time.sleep(0.001)
+        return timed
+
     try:
         while broadcaster.members != ["bench-receiver"]:
+            if child.poll() is not None:
+                raise RuntimeError(f"bench receiver exited with {child.returncode} before joining")
             time.sleep(0.05)
-
-        def named():
-            return ((name, p.detach().to(sync_dtype)) for name, p in model.named_parameters())
-
         started = time.perf_counter()
-        broadcaster.publish(named(), 0)
+        publish()
         broadcaster.wait_synced(0, TIMEOUT_S)
         first_sync = time.perf_counter() - started
-        publish_seconds = []
-
-        def publish(step: int) -> None:
-            begun = time.perf_counter()
-            broadcaster.publish(named(), step + 1)
-            publish_seconds.append(time.perf_counter() - begun)
-
-        synced_before = broadcaster.status()["synced_version"]
-        with_sync = _train_steps(model, optimizer, batch, steps, publish)
-        synced_during = broadcaster.status()["synced_version"] - synced_before
-        broadcaster.wait_synced(steps, TIMEOUT_S)
+        # Warm-up: optimizer state, allocator, and both sets of the broadcaster's send buffers.
+        phase(False, 1)
+        phase(True, 1)
+        spans_before = len(broadcaster.sync_spans)
+        without: list[list[_Step]] = []
+        with_sync: list[list[_Step]] = []
+        for round_number in range(rounds):
+            for syncing in (False, True) if round_number % 2 == 0 else (True, False):
+                (with_sync if syncing else without).append(phase(syncing, steps))
+        spans = broadcaster.sync_spans[spans_before:]
     finally:
         child.stdin.close()
         child.wait(timeout=60)
         host.stop(0)
         broadcaster.close()
+    baseline = [step for phase_steps in without for step in phase_steps]
+    synced = [step for phase_steps in with_sync for step in phase_steps]
+    seconds, seconds_with_sync = median(s.seconds for s in baseline), median(s.seconds for s in synced)
+    cpu_seconds, cpu_seconds_with_sync = median(s.cpu_seconds for s in baseline), median(s.cpu_seconds for s in synced)
+    overlaps = [step.overlap(spans) for step in synced]
     return {
-        "size": size, "batch": [batch_size, seq_len], "steps": steps,
-        "step_seconds": median(alone), "step_seconds_with_sync": median(with_sync),
-        "ratio": median(with_sync) / median(alone),
-        "publish_seconds": median(publish_seconds),
+        "size": size, "batch": [batch_size, seq_len], "threads": threads, "rounds": rounds, "steps": steps,
+        "step_seconds": seconds, "step_seconds_with_sync": seconds_with_sync,
+        "step_slowdown": seconds_with_sync / seconds,
+        "ratio": seconds_with_sync / seconds,
+        "step_seconds_spread": _spread([step.seconds for step in baseline]),
+        "step_seconds_with_sync_spread": _spread([step.seconds for step in synced]),
+        "round_slowdowns": [median(s.seconds for s in synced_steps) / median(s.seconds for s in baseline_steps)
+                            for baseline_steps, synced_steps in zip(without, with_sync, strict=True)],
+        "compute_slowdown": median(s.seconds - s.publish_seconds for s in synced) / seconds,
+        "step_cpu_seconds": cpu_seconds, "step_cpu_seconds_with_sync": cpu_seconds_with_sync,
+        "cpu_slowdown": cpu_seconds_with_sync / cpu_seconds,
+        "publish_seconds": median(step.publish_seconds for step in synced),
+        "sync_seconds": median(end - begin for begin, end in spans),
         "end_to_end_sync_seconds": first_sync,
-        "versions_synced_while_training": synced_during,
+        "versions_synced_while_training": len(spans),
+        "steps_with_sync": len(synced),
+        "steps_overlapped": sum(overlap > 0 for overlap in overlaps),
+        "overlap_fraction": sum(overlaps) / sum(step.seconds for step in synced),
+        "baseline_steps_overlapped": sum(step.overlap(spans) > 0 for step in baseline),
     }
 
 
@@ -231,20 +308,30 @@ class _NoTraining:
 
 
 def bench_weights(sizes: list[str], repeats: int = 3, dtype: str = "bfloat16", bucket_mb: float = 256.0,
-                  step_size: str | None = None, steps: int = 5, batch_size: int = 2, seq_len: int = 64) -> dict:
+                  step_size: str | None = None, rounds: int = 8, steps: int = 2, batch_size: int = 2,
+                  seq_len: int = 64, threads: int = 1) -> dict:
+    if min(rounds, steps, threads) < 1:
+        raise ValueError(f"rounds, steps and threads must be at least 1, not {rounds}, {steps}, {threads}")
     torch_dtype = getattr(torch, dtype)
     step_size = step_size or sizes[0]
-    return {
-        "dtype": dtype, "bucket_mb": bucket_mb, "repeats": repeats, "torch_threads": torch.get_num_threads(),
-        "broadcast": [_measure_size(size, torch_dtype, bucket_mb, repeats) for size in sizes],
-        "train_step": _measure_step(step_size, steps, batch_size, seq_len, torch_dtype, bucket_mb),
-    }
+    threads_before = torch.get_num_threads()
+    # Fixed, so the step competes for the cores the same way in every run and both of its conditions.
+    torch.set_num_threads(threads)
+    try:
+        return {
+            "dtype": dtype, "bucket_mb": bucket_mb, "repeats": repeats, "torch_threads": torch.get_num_threads(),
+            "broadcast": [_measure_size(size, torch_dtype, bucket_mb, repeats) for size in sizes],
+            "train_step": _measure_step(step_size, rounds, steps, batch_size, seq_len, torch_dtype, bucket_mb,
+                                        threads),
+        }
+    finally:
+        torch.set_num_threads(threads_before)
 
 
 def _measure(args) -> dict:
     return bench_weights([s.strip() for s in args.sizes.split(",") if s.strip()], repeats=args.repeats,
-                         dtype=args.dtype, bucket_mb=args.bucket_mb, step_size=args.step_size, steps=args.steps,
-                         batch_size=args.batch_size, seq_len=args.seq_len)
+                         dtype=args.dtype, bucket_mb=args.bucket_mb, step_size=args.step_size, rounds=args.rounds,
+                         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, threads=args.threads)
 
 
 def register_bench(bench_subparsers) -> None:
@@ -256,9 +343,13 @@ def register_bench(bench_subparsers) -> None:
                         help="dtype of the broadcast weights")
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     parser.add_argument("--step-size", help="model size of the train-step measurement (default: the first size)")
-    parser.add_argument("--steps", type=int, default=5, help="train steps per measurement")
+    parser.add_argument("--rounds", type=int, default=8,
+                        help="alternating rounds of train steps without and with a sync in the background")
+    parser.add_argument("--steps", type=int, default=2, help="train steps per condition and round")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads of the trainer and of the receiver (torch.set_num_threads)")
     parser.set_defaults(measure=_measure)
 
 
@@ -266,4 +357,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "raw":
         _raw_child(int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5]), int(sys.argv[6]))
     else:
-        _receiver_child(sys.argv[2], sys.argv[3], sys.argv[4])
+        _receiver_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))

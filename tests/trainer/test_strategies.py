@@ -1,5 +1,5 @@
-"""Training strategies: FSDP2 on two gloo ranks equals one process on the union of the data; the colossalai
-back end's one CPU configuration trains."""
+"""Training strategies: FSDP2 on two gloo ranks equals one process on the union of the data; without colossalai
+its strategy names the extra (the colossalai back end itself: test_strategy_colossalai.py)."""
 
 from __future__ import annotations
 
@@ -104,31 +104,3 @@ def test_bf16_computes_in_bf16_over_fp32_weights(model_dir):
 def test_colossalai_absent_names_the_extra(model_dir):
     with pytest.raises(ImportError, match="colossalai extra"):
         make_strategy(StrategyConfig(name="colossalai", device="cpu"), model_dir)
-
-
-@pytest.mark.skipif(not HAS_COLOSSALAI, reason="colossalai not importable (an optional extra; see "
-                    "services/trainer/strategies/colossalai.py for the CPU install)")
-def test_colossalai_hybrid_plugin_trains_and_round_trips(model_dir, tmp_path):
-    from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
-
-    config = strategy_config().model_copy(update={"name": "colossalai"})
-    strategy = make_strategy(config, model_dir)
-    batch = token_batch(seed=7, rows=4)
-    losses = []
-    for _ in range(3):
-        nll, count = summed_nll(strategy.model, batch)
-        losses.append((nll / count).item())
-        strategy.backward(nll / count)
-        result = strategy.step()
-        assert result.grad_norm > 0 and result.lr == pytest.approx(1e-2)
-    assert losses[-1] < losses[0] and strategy.steps == 3
-    saved = {name: t.clone() for name, t in strategy.full_state_dict()}
-    checkpoints = Checkpoints(tmp_path / "checkpoints")
-    checkpoints.save(strategy, TrainerState(step=3))
-    nll, count = summed_nll(strategy.model, batch)
-    strategy.backward(nll / count)
-    strategy.step()
-    assert checkpoints.load(strategy).step == 3 and strategy.steps == 3
-    for name, tensor in strategy.full_state_dict():
-        assert torch.equal(tensor, saved[name]), name
-    strategy.close()

@@ -3,8 +3,6 @@ coalescing against a real worker process, its refusals, and the `bench weights` 
 
 from __future__ import annotations
 
-import argparse
-import json
 import signal
 import time
 
@@ -14,7 +12,6 @@ from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
 
 from zerobubble.common.errors import InvalidInput, NotFound
 from zerobubble.common.weight_sync import ALIGN, MIB, Manifest
-from zerobubble.trainer.bench_weights import register_bench
 from zerobubble.trainer.broadcaster import WeightBroadcaster, WeightSyncConfig
 
 
@@ -121,20 +118,3 @@ def test_publish_returns_at_once_snapshots_the_weights_and_coalesces_to_the_newe
             assert trainer.metric("zerobubble_trainer_weight_sync_seconds_count") == 4, "1, 2, 3, 5: 4 coalesced"
         finally:
             worker.stop()
-
-
-def test_bench_weights_runs_at_a_tiny_size():
-    parser = argparse.ArgumentParser()
-    register_bench(parser.add_subparsers(dest="what"))
-    args = parser.parse_args(["weights", "--sizes", "tiny", "--repeats", "1", "--bucket-mb", "0.05",
-                              "--steps", "2", "--seq-len", "16"])
-    result = args.measure(args)
-    json.dumps(result)
-    (size,) = result["broadcast"]
-    assert size["size"] == "tiny" and size["buckets"] > 1 and size["bytes"] == 2 * size["parameters"]
-    for key in ("bucketed_seconds", "per_tensor_seconds", "flat_seconds", "bucketed_gb_per_s", "per_tensor_gb_per_s",
-                "flat_gb_per_s", "load_seconds", "bucketed_speedup_over_per_tensor"):
-        assert size[key] > 0, key
-    step = result["train_step"]
-    for key in ("step_seconds", "step_seconds_with_sync", "ratio", "publish_seconds", "end_to_end_sync_seconds"):
-        assert step[key] > 0, key

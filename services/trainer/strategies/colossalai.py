@@ -31,8 +31,9 @@ def _import_colossalai() -> dict[str, Any]:
         from colossalai.nn.optimizer import HybridAdam
     except ImportError as error:
         raise ImportError(
-            "strategy 'colossalai' needs the optional colossalai extra: 'pip install --no-deps colossalai==0.5.0' "
-            f"(its own pins would replace torch) and 'pip install psutil peft einops galore-torch': {error}"
+            "strategy 'colossalai' needs the optional colossalai extra: \"pip install -e '.[colossalai]'\" and "
+            "'pip install --no-deps colossalai==0.5.0' (its own pins would replace torch), "
+            f"or `make colossalai-env`: {error}"
         ) from error
     return {"Booster": Booster, "HybridParallelPlugin": HybridParallelPlugin, "HybridAdam": HybridAdam,
             "gather": gather_distributed_param}
