@@ -75,7 +75,7 @@ def _bench_reward(args) -> dict:
 def _bench_transport(args) -> dict:
     from zerobubble.buffer.bench import bench_transport
 
-    return bench_transport(scale=args.scale, fsync=args.fsync, workdir=args.workdir)
+    return bench_transport(scale=args.scale, fsync=args.fsync, workdir=args.workdir, commit_every=args.commit_every)
 
 
 # Each area adds its own subcommands here: a module with `register(subparsers)` (and, for benchmarks,
@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     transport.add_argument("--fsync", default="interval", choices=["always", "interval", "never"],
                            help="the buffer's write-ahead-log fsync policy")
     transport.add_argument("--workdir", type=Path, help="where the buffer keeps its log (default: a temp dir)")
+    transport.add_argument("--commit-every", type=int, default=64,
+                           help="groups per training step: the puller commits after each")
     transport.set_defaults(measure=_bench_transport)
     bench.set_defaults(run=cmd_bench)
     for name in BENCH_MODULES:

@@ -1,5 +1,10 @@
 """`zerobubble bench transport`: push-to-pull throughput through a real buffer process on loopback,
-next to a plain loopback TCP socket moving the same bytes (the limit)."""
+next to a plain loopback TCP socket moving the same bytes (the limit).
+
+As in deployment, the pushing side (a rollout worker) and the pulling side (a trainer rank) are
+processes of their own, and the puller commits once per training step, so the buffer's log
+releases and reuses its segments as it does in a run.
+"""
 
 from __future__ import annotations
 
@@ -11,21 +16,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
+from zerobubble.buffer.bench_pusher import MIB, client_for, groups, template
 from zerobubble.buffer.client import BufferClient
-from zerobubble.common.codec import encode_array
-from zerobubble.common.config import ClientConfig
-from zerobubble.v1 import common_pb2
 
-MIB = 1024 * 1024
 # (name, trajectories, tokens per trajectory, groups at scale 1). 57,344 tokens of int32 ids and float32
 # log-probs, times 8, is the 3.5 MiB item the reference's Ray buffer moved at about 44 per second.
 CASES = [
@@ -34,6 +33,7 @@ CASES = [
     ("3.5 MiB", 8, 57_344, 300),
 ]
 RAY_PUT_THEN_GET_PER_S = 44.0
+COMMIT_EVERY = 64  # groups per training step
 
 SOCKET_SINK = """
 import socket, sys
@@ -50,31 +50,6 @@ while True:
 connection.sendall(str(total).encode())
 connection.close()
 """
-
-
-def _template(trajectories: int, tokens: int) -> common_pb2.ExperienceGroup:
-    rng = np.random.default_rng(0)
-    group = common_pb2.ExperienceGroup(prompt_ids=encode_array(np.arange(256, dtype=np.int32)))
-    for i in range(trajectories):
-        group.trajectories.add(
-            response_ids=encode_array(rng.integers(0, 150_000, tokens, dtype=np.int32)),
-            behaviour_logprobs=encode_array(-rng.random(tokens, dtype=np.float32)),
-            finish_reason=common_pb2.FINISH_REASON_STOP,
-            reward=float(i % 2),
-            answer_ok=bool(i % 2),
-            temperature=1.0,
-        )
-    return group
-
-
-def _groups(template: common_pb2.ExperienceGroup, prompts: list[common_pb2.Prompt], producer: str) -> Iterator:
-    for sequence, prompt in enumerate(prompts):
-        group = common_pb2.ExperienceGroup()
-        group.CopyFrom(template)
-        group.prompt.CopyFrom(prompt)
-        group.producer_id = producer
-        group.sequence = sequence
-        yield group
 
 
 class _BufferProcess:
@@ -109,43 +84,73 @@ class _BufferProcess:
             self.process.wait()
 
 
-def _stream_through(client: BufferClient, template: common_pb2.ExperienceGroup, count: int) -> float:
-    """Seconds to push `count` groups on one stream while a trainer rank pulls them as they come."""
-    prompts = []
-    while len(prompts) < count:
-        prompts.extend(client.lease("bench", min(1024, count - len(prompts))).prompts)
-    failures: list[str] = []
-
-    def push() -> None:
-        acks = client.push(_groups(template, prompts, "bench-stream"), timeout=600)
-        failures.extend(ack.error or ack.filtered for ack in acks if not ack.stored)
-
-    started = time.perf_counter()
-    pusher = threading.Thread(target=push, name="bench-push")
-    pusher.start()
-    received = 0
+def _pull_steps(client: BufferClient, count: int, commit_every: int, alive) -> int:
+    """Pull `count` groups a training step of `commit_every` at a time, committing each step; the commits."""
+    received = commits = 0
     while received < count:
-        received += len(client.pull(0, 1, min(256, count - received), wait_seconds=5, timeout=60).groups)
-    elapsed = time.perf_counter() - started
-    pusher.join()
-    if failures:
-        raise RuntimeError(f"{len(failures)} pushes were not stored, e.g. {failures[0]}")
-    return elapsed
+        step = min(commit_every, count - received)
+        got = last = 0
+        while got < step:
+            result = client.pull(0, 1, step - got, wait_seconds=5, timeout=60)
+            if not result.groups and not alive():
+                raise RuntimeError(f"the pusher stopped after {received + got} of {count} groups")
+            got += len(result.groups)
+            last = max(last, result.last_delivery)
+        client.commit(last)
+        received += got
+        commits += 1
+    return commits
 
 
-def _put_then_get(client: BufferClient, template: common_pb2.ExperienceGroup, count: int) -> float:
-    """Items per second with one in flight: push on an open stream, wait for the ack, pull the group
-    (the reference's measure, as a rollout worker keeps its push stream open)."""
+def _stream_through(address: str, shape: tuple[int, int], count: int, commit_every: int,
+                    errors: Path) -> tuple[float, int]:
+    """Seconds to move `count` groups from a pushing process to this one, pulling and committing a training step
+    at a time; and the commits made."""
+    with open(errors, "w") as stderr:
+        pusher = subprocess.Popen(
+            [sys.executable, "-m", "zerobubble.buffer.bench_pusher", address, *map(str, shape), str(count),
+             "bench-stream"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )
+    try:
+        if pusher.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the pusher did not start:\n{errors.read_text()}")
+        with client_for(address) as client:
+            started = time.perf_counter()
+            pusher.stdin.write("go\n")
+            pusher.stdin.flush()
+            commits = _pull_steps(client, count, commit_every, lambda: pusher.poll() is None)
+            elapsed = time.perf_counter() - started
+        report = json.loads(pusher.stdout.readline() or "null")
+    finally:
+        pusher.stdin.close()
+        try:
+            pusher.wait(30)
+        except subprocess.TimeoutExpired:
+            pusher.kill()
+            pusher.wait()
+    if report is None or report["stored"] != count:
+        raise RuntimeError(f"the pusher stored {report and report['stored']} of {count} groups: "
+                           f"{report and report['failures']}\n{errors.read_text()}")
+    return elapsed, commits
+
+
+def _put_then_get(client: BufferClient, like, count: int, commit_every: int) -> float:
+    """Items per second with one in flight: push on an open stream, wait for the ack, pull the group, commit
+    once per training step (the reference's measure, as a rollout worker keeps its push stream open)."""
     prompts = list(client.lease("bench", count).prompts)
     outgoing: queue.Queue = queue.Queue()
     acks = client.push(iter(outgoing.get, None), timeout=600)
     started = time.perf_counter()
-    for group in _groups(template, prompts, "bench-one-by-one"):
+    for i, group in enumerate(groups(like, prompts, "bench-one-by-one"), start=1):
         outgoing.put(group)
         if not next(acks).stored:
             raise RuntimeError("a put-then-get push was not stored")
-        if len(client.pull(0, 1, 1, wait_seconds=5).groups) != 1:
+        pulled = client.pull(0, 1, 1, wait_seconds=5)
+        if len(pulled.groups) != 1:
             raise RuntimeError("a put-then-get pull came back empty")
+        if i % commit_every == 0 or i == count:
+            client.commit(pulled.last_delivery)
     elapsed = time.perf_counter() - started
     outgoing.put(None)
     list(acks)
@@ -172,21 +177,24 @@ def socket_throughput(total_bytes: int, chunk_bytes: int) -> float:
     return received / elapsed
 
 
-def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Path | None = None) -> dict[str, Any]:
-    """Measure every case of CASES with `scale` times its group count; the figures as a JSON-able dict."""
-    results: dict[str, Any] = {"benchmark": "transport", "fsync": fsync, "cases": []}
+def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Path | None = None,
+                    commit_every: int = COMMIT_EVERY) -> dict[str, Any]:
+    """Measure every case of CASES with `scale` times its group count, the puller committing every
+    `commit_every` groups; the figures as a JSON-able dict."""
+    results: dict[str, Any] = {"benchmark": "transport", "fsync": fsync, "commit_every": commit_every, "cases": []}
     with tempfile.TemporaryDirectory(dir=workdir, prefix="zerobubble-bench-") as scratch:
-        for index, (name, trajectories, tokens, groups) in enumerate(CASES):
-            count = max(10, int(groups * scale))
-            template = _template(trajectories, tokens)
-            size = template.ByteSize()
+        for index, (name, trajectories, tokens, groups_at_scale_1) in enumerate(CASES):
+            count = max(10, int(groups_at_scale_1 * scale))
+            like = template(trajectories, tokens)
+            size = like.ByteSize()
             folder = Path(scratch) / f"case{index}"
             folder.mkdir()
             buffer = _BufferProcess(folder, count + 50, fsync)
             try:
-                with BufferClient(ClientConfig(address=buffer.address, max_message_bytes=64 * MIB)) as client:
-                    seconds = _stream_through(client, template, count)
-                    put_then_get = _put_then_get(client, template, 50) if size > MIB else None
+                seconds, commits = _stream_through(buffer.address, (trajectories, tokens), count, commit_every,
+                                                   folder / "pusher.log")
+                with client_for(buffer.address) as client:
+                    put_then_get = _put_then_get(client, like, 50, commit_every) if size > MIB else None
             finally:
                 buffer.close()
             limit = socket_throughput(count * size, size)
@@ -194,6 +202,7 @@ def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Pat
                 "case": name,
                 "group_bytes": size,
                 "groups": count,
+                "commits": commits,
                 "seconds": round(seconds, 3),
                 "groups_per_s": round(count / seconds, 1),
                 "mb_per_s": round(count * size / seconds / 1e6, 1),
@@ -208,4 +217,5 @@ def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Pat
 
 
 if __name__ == "__main__":
-    print(json.dumps(bench_transport(scale=float(sys.argv[1]) if len(sys.argv) > 1 else 1.0)))
+    print(json.dumps(bench_transport(scale=float(sys.argv[1]) if len(sys.argv) > 1 else 1.0,
+                                     commit_every=int(sys.argv[2]) if len(sys.argv) > 2 else COMMIT_EVERY)))

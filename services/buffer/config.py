@@ -72,8 +72,11 @@ class WalConfig(Schema):
         "to the operating system",
     )
     interval_seconds: float = Field(1.0, gt=0)
-    compact_min_bytes: int = Field(256 * 1024 * 1024, gt=0, description="the log is rewritten once it is "
-                                   "this large and more than twice what is still live")
+    segment_bytes: int = Field(256 * 1024 * 1024, gt=0, description="the log starts a new segment file once "
+                               "the current one holds this many bytes; a segment is deleted once none of its "
+                               "groups is queued or awaiting the trainer's commit")
+    reuse_files: bool = Field(True, description="a deleted segment's file becomes the next segment (already "
+                              "allocated and cached: about half the cost of deleting it and writing a new file)")
 
 
 class BufferServiceConfig(Schema):

@@ -3,6 +3,11 @@
 Knows nothing of gRPC. Every change of durable state is one write-ahead-log record that is written
 first and then applied by `_apply`, the same function that replays the log after a restart, so the
 state after a crash is by construction the state that was acknowledged.
+
+The log rolls to a new segment once the active one holds `wal.segment_bytes`; each segment begins
+with a snapshot of the whole state (the groups in it by their log locations, not their bytes), so
+a segment can be released as soon as none of its groups is queued or awaiting a commit, and replay
+still ends in the same state. Nothing is ever copied forward.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ class Kind(IntEnum):
     COMMIT = 6
     RESUME = 7     # the trainer restarted from a checkpoint: later deliveries come again
     VERSION = 8    # the trainer's current policy version
-    SNAPSHOT = 9   # written by compaction: the whole state, followed by the live groups
+    SNAPSHOT = 9   # the whole state, first in every segment after the first
 
 
 @dataclass
@@ -108,12 +113,13 @@ class Buffer:
         self.counters = Counters()
         self.policy_version = 0
         self.wal = WriteAheadLog(config.wal.directory, fsync=config.wal.fsync,
-                                 interval_seconds=config.wal.interval_seconds)
+                                 interval_seconds=config.wal.interval_seconds, reuse_files=config.wal.reuse_files)
         with self._cond:
             records = 0
             for record in self.wal.replay():
                 self._apply(record)
                 records += 1
+            self._forget_released_groups()
             self._log(Kind.START, {"incarnation": self.leases.incarnation + 1, "prompts": self.source.fingerprint})
         log.info("buffer recovered %d log records: %d groups queued, %d delivered and not committed, "
                  "epoch %d", records, len(self.store.queue), len(self.store.delivered), self.leases.epoch)
@@ -123,6 +129,39 @@ class Buffer:
     def _log(self, kind: Kind, meta: dict[str, Any], blob: bytes = b"") -> None:
         location = self.wal.append(kind, meta, blob)
         self._apply(Record(kind, meta, blob, location))
+        self._release_dead_segments()
+
+    def _roll_when_due(self) -> None:
+        """Start a new log segment once the active one is full. Called outside the lock: the segment's
+        records must be on disk before a snapshot that refers to them is, and most of that fsync then
+        happens while pushes and pulls go on."""
+        if self.wal.active_bytes < self.config.wal.segment_bytes:
+            return
+        if self.wal.fsync != "never":
+            self.wal.sync()
+        with self._cond:
+            if self.wal.active_bytes >= self.config.wal.segment_bytes:
+                self.wal.roll(Kind.SNAPSHOT, self._snapshot())
+                self._release_dead_segments()
+
+    def _release_dead_segments(self) -> None:
+        dead = [segment for segment in self.wal.segments[:-1] if not self.store.live_segments[segment]]
+        if dead:
+            self.wal.release(dead)
+
+    def _forget_released_groups(self) -> None:
+        """A segment is released only once its groups are consumed, but after a machine crash the record
+        that consumed them may be lost while the release was not: those groups are gone for good."""
+        present = set(self.wal.segments)
+        gone = [d for d, group in self.store.delivered.items() if group.location.segment not in present]
+        if gone:
+            self.store.commit(max(gone))  # commits are cumulative: everything up to it was consumed
+        lost = [gid for gid, group in self.store.queue.items() if group.location.segment not in present]
+        for gid in lost:
+            self.store.remove(gid)
+        if gone or lost:
+            log.warning("the log had released the segments of %d delivered and %d queued groups whose "
+                        "consumption it did not record (a machine crash): they are forgotten", len(gone), len(lost))
 
     def _apply(self, record: Record) -> None:
         kind, meta = Kind(record.kind), record.meta
@@ -153,7 +192,7 @@ class Buffer:
             self.store.commit(meta["delivery"])
         elif kind is Kind.RESUME:
             self.store.commit(meta["delivery"])
-            self.store.redeliver_after(meta["delivery"], lambda at: self.wal.read(at).blob)
+            self.store.redeliver_after(meta["delivery"])
         elif kind is Kind.VERSION:
             self.policy_version = meta["version"]
         elif kind is Kind.SNAPSHOT:
@@ -177,6 +216,7 @@ class Buffer:
             "next_gid": self.store.next_gid,
             "next_delivery": self.store.next_delivery,
             "committed": self.store.committed,
+            "groups": self.store.snapshot(),
         }
 
     def _restore(self, meta: dict[str, Any]) -> None:
@@ -190,34 +230,14 @@ class Buffer:
         self.dedup.restore(meta["producers"])
         self.counters = Counters(**meta["counters"])
         self.policy_version = meta["policy_version"]
+        # Replaying the segment before this snapshot may have read the bytes of groups still queued.
+        payloads = {gid: group.payload for gid, group in self.store.queue.items()}
         self.store = ExperienceStore(max_groups=self.store.max_groups, max_bytes=self.store.max_bytes)
+        # Snapshots written by compaction (before the log rolled) were followed by copies of the groups instead.
+        self.store.restore(meta.get("groups", {"queued": [], "delivered": []}), payloads)
         self.store.next_gid = meta["next_gid"]
         self.store.next_delivery = meta["next_delivery"]
         self.store.committed = meta["committed"]
-
-    def _maybe_compact(self) -> None:
-        live = self.store.queued_bytes + self.store.uncommitted_bytes
-        if self.wal.size < self.config.wal.compact_min_bytes or self.wal.size <= 2 * live:
-            return
-        before = self.wal.size
-        owners: list[StoredGroup | None] = []  # the group each rewritten record carries, if any
-
-        def records():
-            owners.append(None)
-            yield Kind.SNAPSHOT, self._snapshot(), b""
-            for delivery, group in list(self.store.delivered.items()):
-                owners.extend([group, None])
-                yield Kind.GROUP, {"gid": group.gid, "version": group.version, "copy": True}, \
-                    self.wal.read(group.location).blob
-                yield Kind.DELIVERED, {"gid": group.gid, "delivery": delivery, "copy": True}, b""
-            for group in list(self.store.queue.values()):
-                owners.append(group)
-                yield Kind.GROUP, {"gid": group.gid, "version": group.version, "copy": True}, group.payload
-
-        for owner, location in zip(owners, self.wal.rewrite(records()), strict=True):
-            if owner is not None:
-                owner.location = location
-        log.info("compacted the write-ahead log from %d to %d bytes", before, self.wal.size)
 
     # Prompts.
 
@@ -289,8 +309,8 @@ class Buffer:
                 self._cond.wait(POLL_SECONDS)
             meta.update(gid=self.store.next_gid, version=group_version(group))
             self._log(Kind.GROUP, meta, payload)
-            self._maybe_compact()
             self._cond.notify_all()
+        self._roll_when_due()
         return PushOutcome(True)
 
     # Experience out.
@@ -329,10 +349,11 @@ class Buffer:
                     self._log(Kind.STALE, {"gid": group.gid})
                     group = self.store.peek()
                 if group is not None:
+                    payload = group.payload if group.payload is not None else self.wal.read(group.location).blob
                     delivery = self.store.next_delivery
                     self._log(Kind.DELIVERED, {"gid": group.gid, "delivery": delivery})
                     self._cond.notify_all()
-                    return Pulled(group.payload, delivery)
+                    return Pulled(payload, delivery)
                 if self.leases.end_of_data:
                     return Pulled(None)
                 remaining = deadline - time.monotonic()
@@ -348,7 +369,7 @@ class Buffer:
                 self._cond.notify_all()
             elif delivery > self.store.committed:
                 self._log(Kind.COMMIT, {"delivery": delivery})
-            self._maybe_compact()
+        self._roll_when_due()
 
     def set_policy_version(self, version: int) -> None:
         if version < 0:

@@ -4,8 +4,7 @@ what was delivered but not yet committed."""
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from zerobubble.buffer.wal import Location
@@ -70,12 +69,24 @@ class StoredGroup:
     size: int
     version: int
     location: Location
-    payload: bytes | None  # None once delivered: the write-ahead log keeps it until the commit
+    payload: bytes | None  # None when it is to be read from the log: delivered, or recovered from a snapshot
+
+    def entry(self) -> list[int]:
+        """The group as a snapshot holds it: everything but its bytes."""
+        return [self.gid, self.size, self.version, self.location.segment, self.location.offset]
+
+    @classmethod
+    def from_entry(cls, entry: list[int], payload: bytes | None = None) -> StoredGroup:
+        gid, size, version, segment, offset = entry
+        return cls(gid, size, version, Location(segment, offset), payload)
 
 
 class ExperienceStore:
     """Groups in arrival order, each delivered to exactly one puller; the bytes of delivered groups are
-    dropped from memory and read back from the log only if a restarted trainer asks for them again."""
+    dropped from memory and read back from the log only if a restarted trainer asks for them again.
+
+    `live_segments` counts, per log segment, the groups in it that are queued or delivered and not
+    committed: a segment whose count is zero holds nothing that is still needed."""
 
     def __init__(self, *, max_groups: int, max_bytes: int):
         self.max_groups = max_groups
@@ -87,6 +98,7 @@ class ExperienceStore:
         self.next_gid = 1
         self.next_delivery = 1
         self.committed = 0
+        self.live_segments: Counter[int] = Counter()
 
     def has_room(self, size: int) -> bool:
         """Room for one more group of `size` bytes; an empty queue takes any group so none waits forever."""
@@ -98,28 +110,48 @@ class ExperienceStore:
     def full(self) -> bool:
         return len(self.queue) >= self.max_groups or self.queued_bytes >= self.max_bytes
 
-    def add(self, group: StoredGroup, *, front: bool = False) -> None:
+    def add(self, group: StoredGroup) -> None:
+        """A new group, at the end of the queue."""
+        self._enqueue(group)
+        self.live_segments[group.location.segment] += 1
+        self.next_gid = max(self.next_gid, group.gid + 1)
+
+    def _enqueue(self, group: StoredGroup, *, front: bool = False) -> None:
         self.queue[group.gid] = group
         if front:
             self.queue.move_to_end(group.gid, last=False)
         self.queued_bytes += group.size
-        self.next_gid = max(self.next_gid, group.gid + 1)
+
+    def _dequeue(self, gid: int) -> StoredGroup:
+        group = self.queue.pop(gid)
+        self.queued_bytes -= group.size
+        return group
+
+    def _forget(self, group: StoredGroup) -> None:
+        segment = group.location.segment
+        self.live_segments[segment] -= 1
+        if not self.live_segments[segment]:
+            del self.live_segments[segment]
 
     def peek(self) -> StoredGroup | None:
         return next(iter(self.queue.values()), None)
 
     def remove(self, gid: int) -> StoredGroup:
-        group = self.queue.pop(gid)
-        self.queued_bytes -= group.size
+        """Drop a queued group for good."""
+        group = self._dequeue(gid)
+        self._forget(group)
         return group
 
     def deliver(self, gid: int, delivery: int) -> StoredGroup:
         """Hand a queued group out under delivery number `delivery`; returns it with its bytes."""
-        group = self.remove(gid)
+        group = self._dequeue(gid)
+        self._add_delivered(delivery, group)
+        return group
+
+    def _add_delivered(self, delivery: int, group: StoredGroup) -> None:
         self.delivered[delivery] = StoredGroup(group.gid, group.size, group.version, group.location, None)
         self.uncommitted_bytes += group.size
         self.next_delivery = max(self.next_delivery, delivery + 1)
-        return group
 
     def check_delivery(self, delivery: int, field: str = "delivery") -> None:
         if not 0 <= delivery < self.next_delivery:
@@ -131,14 +163,31 @@ class ExperienceStore:
         while self.delivered and next(iter(self.delivered)) <= delivery:
             _, group = self.delivered.popitem(last=False)
             self.uncommitted_bytes -= group.size
+            self._forget(group)
         self.committed = max(self.committed, delivery)
 
-    def redeliver_after(self, delivery: int, load: Callable[[Location], bytes]) -> int:
-        """Put every group delivered after `delivery` back at the head of the queue, in delivery order."""
+    def redeliver_after(self, delivery: int) -> int:
+        """Put every group delivered after `delivery` back at the head of the queue, in delivery order (their
+        bytes are read from the log when they go out again)."""
         again = [d for d in self.delivered if d > delivery]
         for number in reversed(again):
             group = self.delivered.pop(number)
             self.uncommitted_bytes -= group.size
-            group.payload = load(group.location)
-            self.add(group, front=True)
+            self._enqueue(group, front=True)
         return len(again)
+
+    def snapshot(self) -> dict[str, list]:
+        return {
+            "queued": [group.entry() for group in self.queue.values()],
+            "delivered": [[delivery, *group.entry()] for delivery, group in self.delivered.items()],
+        }
+
+    def restore(self, state: dict[str, list], payloads: dict[int, bytes | None]) -> None:
+        """The groups of a snapshot (taken by `snapshot`), with the bytes in `payloads` where known."""
+        for entry in state["queued"]:
+            self.add(StoredGroup.from_entry(entry, payloads.get(entry[0])))
+        for delivery, *entry in state["delivered"]:
+            group = StoredGroup.from_entry(entry)
+            self._add_delivered(delivery, group)
+            self.live_segments[group.location.segment] += 1
+            self.next_gid = max(self.next_gid, group.gid + 1)

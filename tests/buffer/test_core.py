@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from buffer_helpers import make_config, make_group, prompt_key
 
-from zerobubble.buffer.core import Buffer
+from zerobubble.buffer.core import Buffer, Kind
 from zerobubble.buffer.prompts import PromptFileError
+from zerobubble.buffer.wal import HEADER, REUSED, SPARE, encode
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.common.errors import InvalidInput, Overloaded
@@ -176,26 +177,84 @@ def test_restart_keeps_acknowledged_groups_once_the_epoch_position_and_returns_l
     ]
 
 
-def test_compaction_shrinks_the_log_and_keeps_the_state(open_buffer, tmp_path):
-    options = {"prompts": 12, "prompts__epochs": 2, "wal__compact_min_bytes": 1, "capacity__dedup_window": 4}
+def test_segments_roll_and_are_released_once_consumed_and_the_state_survives(open_buffer, tmp_path):
+    # Groups of about 8 KiB: a new segment every two or three groups.
+    options = {"prompts": 24, "prompts__epochs": 2, "wal__segment_bytes": 20_000, "capacity__dedup_window": 4}
     buffer = open_buffer(**options)
-    prompts = buffer.lease_prompts("w", 12).prompts
+    prompts = buffer.lease_prompts("w", 24).prompts
     push_all(buffer, prompts, tokens=256)
-    pulled_groups(buffer, 8)
-    buffer.commit(6)
-    size_before_restart = buffer.wal.size
-    live = buffer.store.queued_bytes + buffer.store.uncommitted_bytes
-    assert size_before_restart <= 2 * live + 4096 and len(list((tmp_path / "wal").glob("*.wal"))) == 1
+    pulled_groups(buffer, 16)
+    buffer.commit(12)
+    segments = buffer.wal.segments
+    assert segments[-1] > 8 and segments[0] == buffer.store.delivered[13].location.segment
+    assert all(buffer.store.live_segments[number] for number in segments[:-1]), "only segments still needed"
+    assert sorted(p.name for p in (tmp_path / "wal").iterdir()) == [f"{n:08d}.wal" for n in segments] + [SPARE]
     expected = buffer.stats()
     buffer.close()
 
     buffer = open_buffer(**options)
     assert buffer.stats() == expected
     assert not buffer.push(make_group(prompts[3], "w", 3)).stored
-    buffer.commit(6, resume=True)
-    assert [prompt_key(g) for g, _ in pulled_groups(buffer, 12)] == [prompt_key(p) for p in prompts[6:]]
-    next_epoch = buffer.lease_prompts("w", 12).prompts
-    assert {p.epoch for p in next_epoch} == {1} and len(next_epoch) == 12
+    buffer.commit(12, resume=True)
+    again = pulled_groups(buffer, 24)
+    assert [prompt_key(g) for g, _ in again] == [prompt_key(p) for p in prompts[12:]]
+    assert [d for _, d in again] == list(range(17, 29))
+    next_epoch = buffer.lease_prompts("w", 24).prompts
+    assert {p.epoch for p in next_epoch} == {1} and len(next_epoch) == 24
+
+
+def test_a_crash_in_a_reused_segment_replays_exactly_the_acknowledged_state(open_buffer, tmp_path):
+    options = {"prompts": 40, "wal__segment_bytes": 30_000}
+    buffer = open_buffer(**options)
+    prompts = buffer.lease_prompts("w", 40).prompts
+    for i, prompt in enumerate(prompts[:30]):  # a trainer step of three groups, then a commit
+        push_all(buffer, [prompt], first_sequence=i, tokens=256)
+        (_, delivery), = pulled_groups(buffer, 1)
+        if delivery % 3 == 0:
+            buffer.commit(delivery)
+    push_all(buffer, prompts[30:35], first_sequence=30, tokens=256)
+    assert [d for _, d in pulled_groups(buffer, 2)] == [31, 32]
+    buffer.set_policy_version(4)
+    active = tmp_path / "wal" / f"{buffer.wal.segments[-1]:08d}.wal"
+    assert HEADER.unpack(active.read_bytes()[:HEADER.size])[2] == REUSED
+    assert active.stat().st_size > HEADER.size + buffer.wal.active_bytes, "older records follow the last one"
+    expected = buffer.stats()
+    # A crash: the buffer is never closed, so nothing cuts its file to its records.
+
+    buffer = open_buffer(**options)
+    assert buffer.stats() == expected
+    buffer.commit(30, resume=True)
+    again = pulled_groups(buffer, 40)
+    assert [prompt_key(g) for g, _ in again] == [prompt_key(p) for p in prompts[30:35]]
+    assert {p.prompt_id for p in buffer.lease_prompts("w", 40).prompts} == {p.prompt_id for p in prompts[35:]}
+
+
+def test_a_log_compacted_by_an_earlier_version_still_replays(open_buffer, tmp_path):
+    buffer = open_buffer(prompts=4)
+    prompts = buffer.lease_prompts("w", 4).prompts
+    push_all(buffer, prompts[:3])
+    pulled_groups(buffer, 1)
+    snapshot = buffer._snapshot()
+    del snapshot["groups"]
+    # Compaction wrote the state, then a copy of every live group (and of its delivery), headerless.
+    records = [encode(Kind.SNAPSHOT, snapshot)]
+    for delivery, group in buffer.store.delivered.items():
+        records.append(encode(Kind.GROUP, {"gid": group.gid, "version": 0, "copy": True},
+                              buffer.wal.read(group.location).blob))
+        records.append(encode(Kind.DELIVERED, {"gid": group.gid, "delivery": delivery, "copy": True}))
+    for group in buffer.store.queue.values():
+        records.append(encode(Kind.GROUP, {"gid": group.gid, "version": 0, "copy": True}, group.payload))
+    expected = buffer.stats()
+    buffer.close()
+    for path in (tmp_path / "wal").iterdir():
+        path.unlink()
+    (tmp_path / "wal" / "00000004.wal").write_bytes(b"".join(piece for record in records for piece in record))
+
+    buffer = open_buffer(prompts=4)
+    assert buffer.stats() == expected
+    buffer.commit(0, resume=True)
+    assert [prompt_key(g) for g, _ in pulled_groups(buffer, 4)] == [prompt_key(p) for p in prompts[:3]]
+    assert [p.prompt_id for p in buffer.lease_prompts("w", 4).prompts] == [prompts[3].prompt_id]
 
 
 BAD_GROUPS = {

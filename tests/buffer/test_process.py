@@ -13,6 +13,7 @@ import yaml
 from buffer_helpers import PYTHON, make_group, prompt_key, settings
 
 from zerobubble.buffer.client import BufferClient
+from zerobubble.buffer.wal import HEADER, REUSED
 from zerobubble.common.config import ClientConfig
 
 
@@ -96,6 +97,37 @@ def test_kill_9_during_a_push_storm_loses_and_duplicates_nothing(buffer_process,
     assert sum(a.stored for a in retried) == 600 - len(first_keys)
     second = [prompt_key(g.group) for g in client.pull(0, 1, 600).groups]
     assert sorted(first_keys + second) == sorted(prompt_key(p) for p in prompts)
+    assert server.stop(signal.SIGTERM) == 0
+
+
+def test_kill_9_while_segments_are_reused_keeps_exactly_the_uncommitted_groups(buffer_process, tmp_path):
+    # Groups of about 16 KiB: a segment every dozen groups, released once its groups are committed.
+    server = buffer_process(prompts=400, capacity__max_groups=4096, wal__fsync="never", wal__segment_bytes=200_000)
+    client = server.start()
+    prompts = list(client.lease("w", 400).prompts)
+    groups = [make_group(p, "storm", i, tokens=512) for i, p in enumerate(prompts)]
+    assert all(a.stored for a in client.push(groups[:200], timeout=30))
+    committed = 0
+    while committed < 192:  # training steps of eight groups
+        committed = client.pull(0, 1, 8).last_delivery
+        client.commit(committed)
+    uncommitted = [prompt_key(g.group) for g in client.pull(0, 1, 8).groups]
+    acks = []
+    with pytest.raises(grpc.RpcError):
+        for ack in client.push(groups[200:], timeout=30):
+            acks.append(ack)
+            if len(acks) == 100:
+                server.process.kill()
+    acknowledged = [prompt_key(groups[a.sequence]) for a in acks if a.stored]
+    headers = [HEADER.unpack(p.read_bytes()[:HEADER.size]) for p in (tmp_path / "wal").glob("*.wal")]
+    assert any(flags & REUSED for _, _, flags in headers), "segments were written into reused files"
+
+    client = server.start()
+    client.commit(committed, resume=True)
+    again = [prompt_key(g.group) for g in client.pull(0, 1, 400).groups]
+    assert again[:8] == uncommitted, "the uncommitted step comes again, first"
+    assert len(again) == len(set(again)) and set(acknowledged) <= set(again[8:])
+    assert {key[0] for key in again[8:]} <= {p.prompt_id for p in prompts[200:]}, "no committed group again"
     assert server.stop(signal.SIGTERM) == 0
 
 

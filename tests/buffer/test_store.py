@@ -29,8 +29,8 @@ def test_dedup_forgets_the_least_recently_seen_producer():
     assert restored.seen("a", 0) and not restored.seen("a", 1)
 
 
-def group(gid, size=10):
-    return StoredGroup(gid, size, 0, Location(1, gid * 100), b"x" * size)
+def group(gid, size=10, segment=1):
+    return StoredGroup(gid, size, 0, Location(segment, gid * 100), b"x" * size)
 
 
 def test_capacity_by_groups_and_bytes_but_an_empty_queue_takes_anything():
@@ -50,8 +50,38 @@ def test_commit_forgets_and_redelivery_restores_in_order():
         assert store.deliver(gid, delivery).payload == b"x" * 10
     assert store.uncommitted_bytes == 30 and store.queued_bytes == 10
     store.commit(1)
-    loaded = []
-    assert store.redeliver_after(1, lambda at: loaded.append(at) or b"y" * 10) == 2
+    assert store.redeliver_after(1) == 2
     assert [g.gid for g in store.queue.values()] == [2, 3, 4]
-    assert loaded == [Location(1, 300), Location(1, 200)]
+    assert [g.payload for g in store.queue.values()] == [None, None, b"x" * 10], "redelivered: read from the log"
     assert store.uncommitted_bytes == 0 and store.queued_bytes == 30
+
+
+def test_live_segments_count_groups_until_they_are_committed_or_dropped():
+    store = ExperienceStore(max_groups=10, max_bytes=1000)
+    for gid, segment in ((1, 1), (2, 1), (3, 2), (4, 3)):
+        store.add(group(gid, segment=segment))
+    store.deliver(1, 1)
+    store.deliver(2, 2)
+    store.deliver(3, 3)
+    assert store.live_segments == {1: 2, 2: 1, 3: 1}
+    store.commit(1)
+    store.redeliver_after(1)
+    assert store.live_segments == {1: 1, 2: 1, 3: 1}, "redelivered groups are still live"
+    store.deliver(2, 4)
+    store.commit(4)
+    store.remove(3)
+    assert store.live_segments == {3: 1}
+
+
+def test_snapshot_restores_queue_and_deliveries_without_bytes():
+    store = ExperienceStore(max_groups=10, max_bytes=1000)
+    for gid in (1, 2, 3):
+        store.add(group(gid, segment=gid))
+    store.deliver(1, 5)
+    restored = ExperienceStore(max_groups=10, max_bytes=1000)
+    restored.restore(store.snapshot(), {3: b"z" * 10})
+    assert [(g.gid, g.location, g.payload) for g in restored.queue.values()] == [
+        (2, Location(2, 200), None), (3, Location(3, 300), b"z" * 10)]
+    assert [(d, g.gid) for d, g in restored.delivered.items()] == [(5, 1)]
+    assert (restored.queued_bytes, restored.uncommitted_bytes, restored.next_gid) == (20, 10, 4)
+    assert restored.live_segments == store.live_segments

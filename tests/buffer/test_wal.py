@@ -1,4 +1,4 @@
-"""The write-ahead log: framing, a torn or corrupt tail detected and cut, compaction."""
+"""The write-ahead log: framing, a torn or corrupt tail detected and cut, segments rolled, released, reused."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from zerobubble.buffer.wal import FRAME, WalCorrupt, WriteAheadLog, encode
+from zerobubble.buffer.wal import FRAME, HEADER, MAGIC, REUSED, SPARE, Location, WalCorrupt, WriteAheadLog, encode
 
 
 def replayed(directory, **options):
@@ -94,18 +94,101 @@ def test_corruption_before_the_last_segment_refuses_to_start(tmp_path):
         list(WriteAheadLog(tmp_path).replay())
 
 
-def test_rewrite_replaces_the_log(tmp_path):
-    fill(tmp_path, count=10)
+def segment_files(directory):
+    return sorted(p.name for p in directory.iterdir() if p.suffix == ".wal")
+
+
+def test_roll_starts_a_segment_with_its_record_and_release_keeps_a_spare(tmp_path):
     wal, _ = replayed(tmp_path)
-    before = wal.size
-    locations = wal.rewrite([(9, {"snapshot": True}, b""), (2, {"n": 7}, b"x")])
-    assert wal.size < before
-    assert wal.read(locations[1]).blob == b"x"
-    wal.append(2, {"n": "next"})
+    wal.append(2, {"n": 0}, b"a" * 1000)
+    assert wal.roll(9, {"snapshot": 1}) == Location(2, HEADER.size)
+    kept = wal.append(2, {"n": 1}, b"b" * 1000)
+    wal.roll(9, {"snapshot": 2})
+    wal.append(2, {"n": 2})
+    wal.release([1])
+    assert wal.segments == [2, 3] and wal.read(kept).blob == b"b" * 1000
+    with pytest.raises(ValueError, match="takes appends"):
+        wal.release([3])
+    assert (tmp_path / SPARE).exists() and segment_files(tmp_path) == ["00000002.wal", "00000003.wal"]
     wal.close()
-    assert [p.name for p in sorted(tmp_path.iterdir())] == ["00000002.wal"]
     _, records = replayed(tmp_path)
-    assert [meta for _, meta, _ in records] == [{"snapshot": True}, {"n": 7}, {"n": "next"}]
+    assert [meta for _, meta, _ in records] == [{"snapshot": 1}, {"n": 1}, {"snapshot": 2}, {"n": 2}]
+    assert records[1] == (2, {"n": 1}, b"b" * 1000)
+
+
+def test_without_reuse_released_segments_are_deleted(tmp_path):
+    (tmp_path / SPARE).write_bytes(b"left by an earlier run")
+    wal, _ = replayed(tmp_path, reuse_files=False)
+    assert not (tmp_path / SPARE).exists()
+    wal.append(2, {"n": 0}, b"a" * 1000)
+    wal.roll(9, {"snapshot": 1})
+    wal.release([1])
+    wal.roll(9, {"snapshot": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000002.wal", "00000003.wal"]
+    assert HEADER.unpack((tmp_path / "00000003.wal").read_bytes()[:HEADER.size])[2] == 0
+    wal.close()
+
+
+def test_a_reused_file_is_the_next_segment_and_its_old_bytes_are_never_records(tmp_path, caplog):
+    wal, _ = replayed(tmp_path, fsync="never")
+    wal.append(9, {"snapshot": 1})
+    for i in range(20):
+        wal.append(2, {"n": i}, bytes([i]) * 5000)
+    wal.roll(9, {"snapshot": 1})
+    wal.release([1])
+    old_size = (tmp_path / SPARE).stat().st_size
+    # Segment 3 takes the spare (segment 1's file) and starts with a record of the same size as the
+    # spare's first one, so the spare's intact records follow it exactly.
+    wal.roll(9, {"snapshot": 1})
+    assert not (tmp_path / SPARE).exists()
+    third = tmp_path / "00000003.wal"
+    assert third.stat().st_size == old_size, "the reused file keeps its blocks"
+    assert HEADER.unpack(third.read_bytes()[:HEADER.size])[1:] == (3, REUSED)
+    # A crash: nothing cuts the file to its records (`wal` is left as a killed process leaves it).
+    with caplog.at_level(logging.INFO, logger="zerobubble.buffer.wal"):
+        again, records = replayed(tmp_path)
+    assert [meta for _, meta, _ in records] == [{"snapshot": 1}, {"snapshot": 1}]
+    assert not list(tmp_path.glob("*.corrupt-*")) and "earlier use" in caplog.text
+    assert third.stat().st_size < old_size, "cut to its records"
+    again.append(2, {"n": "after"})
+    again.close()
+    _, records = replayed(tmp_path)
+    assert [meta for _, meta, _ in records] == [{"snapshot": 1}, {"snapshot": 1}, {"n": "after"}]
+
+
+def test_records_of_a_reused_segment_behind_a_gap_never_come_back(tmp_path):
+    wal, _ = replayed(tmp_path, fsync="never")
+    wal.append(2, {"n": 0}, b"x" * 50_000)
+    wal.roll(9, {"snapshot": 1})
+    wal.release([1])
+    wal.roll(9, {"snapshot": 2})
+    locations = [wal.append(2, {"n": i}, b"y" * 100) for i in range(1, 5)]
+    wal.close()
+    path = tmp_path / "00000003.wal"
+    data = bytearray(path.read_bytes())
+    data[locations[1].offset + FRAME.size + 2] ^= 0xFF  # a page that a machine crash did not write
+    path.write_bytes(bytes(data))
+    wal, records = replayed(tmp_path, fsync="never")
+    assert [meta for _, meta, _ in records] == [{"snapshot": 1}, {"snapshot": 2}, {"n": 1}]
+    wal.append(2, {"n": 9}, b"z" * 100)  # ends where the intact record {"n": 3} began; then a crash again
+    _, records = replayed(tmp_path)
+    assert [meta for _, meta, _ in records][-2:] == [{"n": 1}, {"n": 9}]
+
+
+def test_a_record_checks_out_only_in_its_own_segment(tmp_path):
+    pieces = encode(2, {"n": 1}, b"x" * 100, seed=5)
+    assert FRAME.unpack(pieces[0])[1] == zlib.crc32(pieces[1] + pieces[2], 5)
+    header = HEADER.pack(MAGIC, 6, 0)
+    (tmp_path / "00000006.wal").write_bytes(header + b"".join(pieces))
+    wal, records = replayed(tmp_path)
+    assert records == [] and list(tmp_path.glob("*.corrupt-*"))
+    wal.close()
+
+
+def test_a_file_headed_as_another_segment_refuses_to_start(tmp_path):
+    (tmp_path / "00000004.wal").write_bytes(HEADER.pack(MAGIC, 3, 0))
+    with pytest.raises(WalCorrupt, match="headed as segment 3"):
+        WriteAheadLog(tmp_path)
 
 
 def test_interval_policy_syncs_in_the_background(tmp_path, monkeypatch):
