@@ -45,7 +45,8 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
     from zerobubble.tiny.warm_start import warm_start
 
     tiny = config.tiny_model
-    directory = cache / f"tiny-{tiny.size}-seed{tiny.seed}-warm{tiny.warm_start_steps}-{train.parent.name}"
+    directory = cache / (f"tiny-{tiny.size}-seed{tiny.seed}-warm{tiny.warm_start_steps}"
+                         f"-ls{tiny.warm_start_label_smoothing:g}-{train.parent.name}")
     if (directory / "ready.json").exists():
         return directory
     partial = directory.with_name(directory.name + ".partial")
@@ -57,7 +58,8 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
         torch.set_num_threads(config.pipeline.torch_threads)
     if tiny.warm_start_steps:
         log.info("warm start: %d supervised steps on %s", tiny.warm_start_steps, train)
-        figures = warm_start(partial, train, steps=tiny.warm_start_steps, seed=tiny.seed)
+        figures = warm_start(partial, train, steps=tiny.warm_start_steps, seed=tiny.seed,
+                             label_smoothing=tiny.warm_start_label_smoothing)
     (partial / "ready.json").write_text(json.dumps(figures, default=str))
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)

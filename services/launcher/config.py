@@ -19,6 +19,8 @@ class TinyModel(Schema):
     size: str = Field("1m", description="preset of `zerobubble make-tiny-model`")
     seed: int = 0
     warm_start_steps: int = Field(300, ge=0, description="supervised steps before RL (0: none)")
+    warm_start_label_smoothing: float = Field(
+        0.1, ge=0, lt=1, description="label smoothing of the warm start: leaves the model unsure, for RL to sharpen")
 
 
 class ArithmeticTask(Schema):

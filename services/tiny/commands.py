@@ -38,7 +38,7 @@ def cmd_make_tiny_model(args) -> int:
     }
     if args.warm_start_task is not None:
         report["warm_start"] = warm_start(out_dir, args.warm_start_task / "train.jsonl", steps=args.warm_start_steps,
-                                          seed=args.seed)
+                                          seed=args.seed, label_smoothing=args.warm_start_label_smoothing)
         eval_jsonl = args.warm_start_task / "eval.jsonl"
         if args.eval_samples > 0 and eval_jsonl.is_file():
             started = time.perf_counter()
@@ -61,7 +61,7 @@ def cmd_make_task(args) -> int:
 
 def register(subparsers) -> None:
     from zerobubble.tiny.task import DEFAULT_EVAL_SIZE, DEFAULT_MAX_OPERAND, DEFAULT_TRAIN_SIZE
-    from zerobubble.tiny.warm_start import DEFAULT_STEPS
+    from zerobubble.tiny.warm_start import DEFAULT_LABEL_SMOOTHING, DEFAULT_STEPS
 
     model = subparsers.add_parser("make-tiny-model", help="write a tiny Qwen2-architecture model and tokenizer")
     model.add_argument("dir", type=Path, help="output folder (HF format)")
@@ -70,6 +70,8 @@ def register(subparsers) -> None:
     model.add_argument("--warm-start-task", type=Path, metavar="TASK_DIR",
                        help="fine-tune on TASK_DIR/train.jsonl, then measure accuracy on TASK_DIR/eval.jsonl")
     model.add_argument("--warm-start-steps", type=int, default=DEFAULT_STEPS, help="supervised steps")
+    model.add_argument("--warm-start-label-smoothing", type=float, default=DEFAULT_LABEL_SMOOTHING,
+                       help="label smoothing of the warm start (leaves the model unsure, for RL to sharpen)")
     model.add_argument("--eval-samples", type=int, default=4, help="samples per eval prompt (0 skips the eval)")
     model.add_argument("--max-new-tokens", type=int, default=16, help="eval response length limit")
     model.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 keeps torch's default)")

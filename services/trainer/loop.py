@@ -116,8 +116,9 @@ class TrainingLoop:
             self._serve_requests()
         if self.config.checkpoint.at_end and self.step and self.last_checkpoint_step != self.step:
             self.save_checkpoint()
-        if self.broadcaster is not None:
-            # The last weights reach the workers before the trainer goes (their evals use them).
+        if self.broadcaster is not None and not self.stopping.is_set():
+            # At the end of the data the last weights reach the workers before the trainer goes (their evals
+            # use them); when stopped, the workers are going too and would only hold the exit up.
             self.broadcaster.wait_synced(self.policy_version, timeout=self.config.weight_sync.member_timeout_s)
 
     def stop(self) -> None:
