@@ -83,7 +83,9 @@ class Run:
                 "max_policy_lag": pipeline.max_staleness,
             }
             if i == 0 and assets.eval is not None:
-                tree["eval"] = {"datasets": {"heldout": assets.eval}, "output_dir": self.run_dir / "eval"}
+                # A resumed run has its before-training evaluation; the worker's first weights are the base model's.
+                tree["eval"] = {"datasets": {"heldout": assets.eval}, "output_dir": self.run_dir / "eval",
+                                "at_start": not self.resume}
             self.start(f"rollout-{i}", "rollout", RolloutServiceConfig, merge(tree, config.rollout))
         return trainer
 

@@ -199,8 +199,12 @@ class WeightBroadcaster:
                 old.gone = True
                 self._regroup_needed = True
             self._members[worker_id] = _Member(worker_id, device)
+            # The last published weights go out again with the newcomer: a worker that joins a trainer
+            # which resumed (or is waiting for experience) must not wait for a training step that needs it.
+            if self._published_version >= 0:
+                self._pending = True
             self._cond.notify_all()
-            log.info("%s joined the weight sync (from the next publish)", worker_id)
+            log.info("%s joined the weight sync (from version %d)", worker_id, self._published_version)
             return JoinInfo(-1, len(self._group_ids) + 1, self._epoch, self.advertise_host, self.store_port,
                             self.backend, self.config.member_timeout_s)
 
@@ -287,7 +291,9 @@ class WeightBroadcaster:
                     return
                 self._pending = False
             with self._stage_lock:
-                self._spare, self._sending = self._sending, self._spare
+                # No newer publish (a member joined): send the last weights again.
+                if self._sending is None or (self._spare is not None and self._spare.version > self._sending.version):
+                    self._spare, self._sending = self._sending, self._spare
             with self._cond:
                 self._sending_version = self._sending.version
             try:
