@@ -43,7 +43,10 @@ class Evaluator:
         if not self.datasets or version in self.done:
             return False
         if not self.done:
-            return self.config.at_start or (self.config.interval > 0 and version % self.config.interval == 0)
+            # Without at_start the starting weights are not evaluated, even at version 0 (a resumed run's worker
+            # starts from the base model before the trainer's weights arrive).
+            periodic = self.config.interval > 0 and version > 0 and version % self.config.interval == 0
+            return self.config.at_start or periodic
         return self.config.interval > 0 and version >= max(self.done) + self.config.interval
 
     def maybe_run(self, engine: Engine) -> list[dict] | None:
