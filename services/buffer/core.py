@@ -248,8 +248,11 @@ class Buffer:
             raise InvalidInput(f"expected 1 to {self.config.leases.max_prompts}, got {count}", field="count")
         with self._cond:
             self.leases.expire()
-            # A full queue means the trainer is behind: more prompts would only make more waiting groups.
-            lease = None if self.store.full else self.leases.lease(worker_id, count)
+            # A full queue means the trainer is behind: more prompts would only make more waiting groups. Prompts
+            # out on lease count as groups on their way, so a strictly on-policy worker does not start its next
+            # batch on weights the trainer is about to replace while its last batch is still being scored.
+            room = self.store.max_groups - len(self.store.queue) - self.leases.outstanding
+            lease = None if self.store.full or room <= 0 else self.leases.lease(worker_id, min(count, room))
             prompts = [] if lease is None else [
                 self.source.rows[index].to_message(epoch) for epoch, index in lease.prompts
             ]

@@ -141,6 +141,11 @@ class PromptLeases:
         if state.finished:
             del self.epochs[epoch]
 
+    @property
+    def outstanding(self) -> int:
+        """Prompts out on lease: groups on their way to the queue."""
+        return sum(len(lease.prompts) for lease in self.leases.values())
+
     def lease(self, worker_id: str, count: int) -> Lease | None:
         """Up to `count` prompts under a new lease, or None when none is available now."""
         taken: list[PromptKey] = []

@@ -62,11 +62,12 @@ class Run:
         }, config.trainer)
         trainer_config = validated(TrainerServiceConfig, trainer_tree, "trainer section")
         algorithm = trainer_config.algorithm_config()
+        queued_steps = 1 if pipeline.max_staleness == 0 else 2
         buffer = self.start("buffer", "buffer", BufferServiceConfig, merge({
             "server": {"listen": LOOPBACK}, "prompts": {"path": assets.train},
-            # Workers stop leasing when two steps of groups wait: generating further ahead would only
-            # make samples the staleness bound throws away.
-            "capacity": {"max_groups": 2 * trainer_config.batch.groups_per_step},
+            # Workers stop leasing when two steps of groups wait (one, strictly on-policy): generating further
+            # ahead would only make samples the staleness bound throws away.
+            "capacity": {"max_groups": queued_steps * trainer_config.batch.groups_per_step},
             "wal": {"directory": self.run_dir / "buffer-wal"},
             "filters": {"num_generations": pipeline.num_generations, "max_staleness": pipeline.max_staleness,
                         "accuracy_range": algorithm.filter_range},

@@ -110,6 +110,11 @@ class TrainingLoop:
             groups = self._pull()
             if groups is None:
                 break
+            if self.strategy.rank == 0:
+                # Groups pushed from now on train the next version: staleness and the workers' lag count from it,
+                # so a strictly on-policy worker waits for the new weights instead of generating for a step
+                # already pulled (whose groups the buffer would then drop as stale).
+                self.buffer.set_policy_version(self.policy_version + 1)
             self._train(groups)
             if self.step % self.config.checkpoint.interval_steps == 0:
                 self.save_checkpoint()

@@ -96,3 +96,9 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def prompts_of(buffer, count: int) -> list[common_pb2.Prompt]:
+    """The first `count` prompts of the buffer's file, without a lease: a lease never hands out more prompts
+    than the queue has room for, and the tests of a full queue need more groups than that."""
+    return [row.to_message(0) for row in buffer.source.rows[:count]]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from buffer_helpers import PYTHON, make_group, prompt_key
+from buffer_helpers import PYTHON, make_group, prompt_key, prompts_of
 
 from zerobubble.buffer.client import BufferClient
 
@@ -91,8 +91,8 @@ def test_a_retried_push_is_stored_once(serve):
 
 @pytest.mark.parametrize("read_ahead", [0, 2])
 def test_a_full_buffer_holds_pushes_until_the_trainer_pulls(serve, read_ahead):
-    _, client = serve(prompts=5, capacity__max_groups=2, push__read_ahead=read_ahead)
-    prompts = lease_all(client, 5)
+    host, client = serve(prompts=5, capacity__max_groups=2, push__read_ahead=read_ahead)
+    prompts = prompts_of(host.core, 5)
     acks = []
     pusher = threading.Thread(target=lambda: acks.extend(client.push(make_group(p, "w", i)
                                                                    for i, p in enumerate(prompts))))

@@ -32,3 +32,6 @@ def test_bench_pipeline_compares_on_policy_and_async_runs(tmp_path):
         assert run["groups_generated"] == PROMPTS and run["filtered"] == 0
         assert run["groups_delivered"] + run["stale_dropped"] == PROMPTS
         assert run["rollout_wait_fraction"] is None or run["rollout_wait_fraction"] >= 0
+    # Strictly on-policy, a worker waits for the weights of the step it generates for; only a lease racing the
+    # trainer's version bump can go stale (before the buffer counted prompts on lease, most groups did).
+    assert figures["on_policy"]["stale_dropped"] <= GROUPS_PER_STEP
