@@ -23,6 +23,10 @@ def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_address: str, up:
     if checkpoint is None:
         return None
     version = json.loads((checkpoint / STATE_FILE).read_text())["policy_version"]
+    summary = run_dir / "eval" / "summary.jsonl"
+    if summary.exists() and any(json.loads(line).get("version") == version
+                                for line in summary.read_text().splitlines() if line.strip()):
+        return None  # the worker's periodic evaluation already had these weights
     # Sample exactly as the first worker's periodic evaluation does, so the figures compare.
     rollout = load_config(RolloutServiceConfig, run_dir / "configs" / "rollout-0.yaml")
     engine = make_engine("transformers", checkpoint, device="cpu", dtype="fp32", seed=rollout.generation.seed)
