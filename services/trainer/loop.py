@@ -169,8 +169,6 @@ class TrainingLoop:
         self.policy_version += 1
         if self.config.weight_sync is not None:
             self._publish()
-        if self.strategy.rank == 0:
-            self.buffer.set_policy_version(self.policy_version)
         seconds = time.monotonic() - started
         figures["step_seconds"] = seconds
         figures["tokens_per_second"] = figures["tokens"] / seconds if seconds > 0 else 0.0
