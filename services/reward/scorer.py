@@ -1,13 +1,19 @@
 """RewardScorer: the reward service's core. Validates requests, admits them within a bounded
-backlog, runs them on the right lane (math workers or code sandbox) and prices the verdict."""
+backlog, runs them on the right lane (math workers or code sandbox) and prices the verdict.
+
+Scoring runs on threads (the verifiers block on worker processes and sandboxes); callers await it
+from an event loop, so a caller that waits holds no thread."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from zerobubble.common.errors import InvalidInput, Overloaded, TooLarge, Unavailable
 from zerobubble.reward.config import RewardServiceConfig
@@ -25,6 +31,72 @@ class Score:
     seconds: float
 
 
+class FairLane:
+    """Runs work on `workers` threads, taking turns between the sources that submit it (a stream, a
+    batch, a single call): each free thread takes the oldest item of the next source in turn, so a
+    source with many items waiting delays another's single item by at most one item each, instead
+    of by its whole backlog."""
+
+    def __init__(self, workers: int, name: str):
+        self._queues: dict[object, deque[tuple[Future, Callable, tuple]]] = {}
+        self._turns: deque[object] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        # Daemon threads: a verifier stuck past its own time limit must not hold the process's exit.
+        for index in range(workers):
+            threading.Thread(target=self._work, name=f"{name}-{index}", daemon=True).start()
+
+    def submit(self, source: object, fn: Callable, *args: Any) -> Future:
+        future: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the lane is closed")
+            queue = self._queues.get(source)
+            if queue is None:
+                queue = self._queues[source] = deque()
+                self._turns.append(source)
+            queue.append((future, fn, args))
+            self._cond.notify()
+        return future
+
+    def _take(self) -> tuple[Future, Callable, tuple] | None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._turns or self._closed)
+            if self._closed:
+                return None
+            source = self._turns.popleft()
+            queue = self._queues[source]
+            work = queue.popleft()
+            if queue:
+                self._turns.append(source)
+            else:
+                del self._queues[source]
+            return work
+
+    def _work(self) -> None:
+        while (work := self._take()) is not None:
+            future, fn, args = work
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+    def close(self) -> None:
+        """Cancel what has not started; what runs finishes on its own."""
+        with self._cond:
+            self._closed = True
+            waiting = [future for queue in self._queues.values() for future, _, _ in queue]
+            self._queues.clear()
+            self._turns.clear()
+            self._cond.notify_all()
+        for future in waiting:
+            future.cancel()
+
+
 class RewardScorer:
     def __init__(self, config: RewardServiceConfig, verifiers: dict, metrics: RewardMetrics,
                  unavailable: dict[str, str] | None = None):
@@ -32,10 +104,7 @@ class RewardScorer:
         self.verifiers = verifiers
         self.unavailable = unavailable or {}
         self.metrics = metrics
-        self._lanes = {
-            "math": ThreadPoolExecutor(config.math.workers, thread_name_prefix="math"),
-            "code": ThreadPoolExecutor(config.sandbox.slots, thread_name_prefix="code"),
-        }
+        self._lanes = {"math": FairLane(config.math.workers, "math"), "code": FairLane(config.sandbox.slots, "code")}
         self._pending = 0
         self._lock = threading.Lock()
         metrics.queue_depth.set_function(lambda: self._pending)
@@ -116,76 +185,67 @@ class RewardScorer:
             self.metrics.timeouts.labels(item.verifier).inc()
         return Score(item.id, reward, verdict, seconds)
 
-    def _submit(self, item: ScoreItem) -> Future:
-        future = self._lanes[self.verifiers[item.verifier].lane].submit(self._run, item)
+    def _submit(self, item: ScoreItem, source: object) -> asyncio.Future:
+        """Run an admitted item on its lane, in `source`'s turn. Awaitable on the running loop;
+        cancelling it before it starts takes it off the lane."""
+        future = self._lanes[self.verifiers[item.verifier].lane].submit(source, self._run, item)
         future.add_done_callback(self._release)
-        return future
+        return asyncio.wrap_future(future)
 
-    def score(self, item: ScoreItem) -> Score:
+    async def score(self, item: ScoreItem) -> Score:
         self.validate(item)
         self._admit(1)
-        return self._submit(item).result()
+        return await self._submit(item, source=object())
 
-    def score_batch(self, items: list[ScoreItem]) -> list[Score]:
-        """All items are validated before any is accepted, so a bad item refuses the whole batch."""
+    async def score_batch(self, items: list[ScoreItem]) -> list[Score]:
+        """All items are validated before any is accepted, so a bad item refuses the whole batch. The
+        batch takes its turns on the lanes as one source."""
         if len(items) > self.config.limits.max_batch_items:
             raise TooLarge(f"{len(items)} items exceed limits.max_batch_items", field="items")
         for index, item in enumerate(items):
             self.validate(item, where=f"items[{index}].")
         self._admit(len(items))
-        futures = [self._submit(item) for item in items]
-        return [future.result() for future in futures]
+        source = object()
+        return list(await asyncio.gather(*(self._submit(item, source) for item in items)))
 
-    def score_stream(self, items: Iterable[ScoreItem], window: int) -> Iterator[Score]:
+    async def score_stream(self, items: AsyncIterable[ScoreItem], window: int) -> AsyncIterator[Score]:
         """Scores as they finish. At most `window` items of this stream are in progress, so a fast
-        sender is slowed down rather than queued without bound. A bad item ends the stream with its
-        error only after every item accepted before it has been answered."""
-        in_flight: set[Future] = set()
-        done = threading.Condition()
-        finished: list[Future] = []
-        failure: list[Exception] = []
+        sender is slowed down rather than queued without bound; the stream takes its turns on the
+        lanes as one source. A bad item ends the stream with its error only after every item accepted
+        before it has been answered. Closing the generator early takes the stream's items that have
+        not started off the lanes."""
+        source = object()
+        room = asyncio.Semaphore(window)
+        finished: asyncio.Queue[asyncio.Future] = asyncio.Queue()
+        in_progress: set[asyncio.Future] = set()
 
-        def on_done(future: Future) -> None:
-            with done:
-                finished.append(future)
-                done.notify_all()
+        async def feed() -> None:
+            index = 0
+            async for item in items:
+                self.validate(item, where=f"stream item {index}{f' (id {item.id!r})' if item.id else ''}: ")
+                index += 1
+                await room.acquire()
+                self._admit(1)
+                future = self._submit(item, source)
+                in_progress.add(future)
+                future.add_done_callback(finished.put_nowait)
 
-        def feed() -> None:
-            try:
-                for index, item in enumerate(items):
-                    where = f"stream item {index}{f' (id {item.id!r})' if item.id else ''}: "
-                    self.validate(item, where=where)
-                    with done:
-                        done.wait_for(lambda: len(in_flight) - len(finished) < window)
-                    self._admit(1)
-                    future = self._submit(item)
-                    with done:
-                        in_flight.add(future)
-                    future.add_done_callback(on_done)
-            except Exception as exc:  # noqa: BLE001 - handed to the consumer below
-                failure.append(exc)
-            finally:
-                with done:
-                    feeding.clear()
-                    done.notify_all()
-
-        feeding = threading.Event()
-        feeding.set()
-        threading.Thread(target=feed, name="score-stream-feed", daemon=True).start()
-        answered = 0
-        while True:
-            with done:
-                done.wait_for(lambda seen=answered: len(finished) > seen or not feeding.is_set())
-                ready = finished[answered:]
-                over = not feeding.is_set() and answered + len(ready) == len(in_flight)
-            for future in ready:
-                yield future.result()
-            answered += len(ready)
-            if over:
-                break
-        if failure:
-            raise failure[0]
+        feeder = asyncio.create_task(feed())
+        # The feeder's end is an event of the same queue, so the loop below never waits past it.
+        feeder.add_done_callback(finished.put_nowait)
+        try:
+            while not (feeder.done() and not in_progress):
+                done = await finished.get()
+                if done is not feeder:
+                    in_progress.discard(done)
+                    room.release()
+                    yield done.result()
+            feeder.result()
+        finally:
+            feeder.cancel()
+            for future in in_progress:
+                future.cancel()
 
     def close(self) -> None:
         for lane in self._lanes.values():
-            lane.shutdown(wait=False, cancel_futures=True)
+            lane.close()

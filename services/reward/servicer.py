@@ -1,6 +1,9 @@
-"""RewardServicer: translates protobuf messages to the RewardScorer core and back."""
+"""RewardServicer: translates protobuf messages to the RewardScorer core and back. Its handlers are
+coroutines: a call waiting for its scores holds no server thread."""
 
 from __future__ import annotations
+
+from contextlib import aclosing
 
 from zerobubble.common.status import translate_errors
 from zerobubble.reward.scorer import RewardScorer, Score
@@ -42,21 +45,23 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         self.stream_window = stream_window
 
     @translate_errors
-    def Score(self, request, context):
-        return to_result(self.scorer.score(to_item(request)))
+    async def Score(self, request, context):
+        return to_result(await self.scorer.score(to_item(request)))
 
     @translate_errors
-    def ScoreBatch(self, request, context):
-        scores = self.scorer.score_batch([to_item(r) for r in request.items])
+    async def ScoreBatch(self, request, context):
+        scores = await self.scorer.score_batch([to_item(r) for r in request.items])
         return reward_pb2.ScoreBatchReply(results=[to_result(s) for s in scores])
 
     @translate_errors
-    def ScoreStream(self, request_iterator, context):
-        items = (to_item(r) for r in request_iterator)
-        for score in self.scorer.score_stream(items, window=self.stream_window):
-            yield to_result(score)
+    async def ScoreStream(self, request_iterator, context):
+        items = (to_item(r) async for r in request_iterator)
+        # aclosing: a cancelled call closes the core's stream at once, taking its waiting items off the lanes.
+        async with aclosing(self.scorer.score_stream(items, window=self.stream_window)) as scores:
+            async for score in scores:
+                await context.write(to_result(score))
 
-    def ListVerifiers(self, request, context):
+    async def ListVerifiers(self, request, context):
         scorer = self.scorer
         infos = [
             reward_pb2.VerifierInfo(name=v.name, description=v.description, ground_truth=v.ground_truth,

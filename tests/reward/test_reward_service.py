@@ -1,17 +1,25 @@
-"""The reward service over a real loopback channel: RPCs, errors, overload, metrics, reflection."""
+"""The reward service over a real loopback channel: RPCs, errors, overload, metrics, reflection,
+idle and competing streams."""
 
+import asyncio
+import statistics
 import threading
 import time
 import urllib.request
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from idle_streams import idle_streams
 from reward_helpers import start_reward
 
 from zerobubble.common.config import ClientConfig
 from zerobubble.reward.client import RewardClient, score_request
 from zerobubble.reward.examples import EXAMPLES
+from zerobubble.v1 import reward_pb2
+
+SCORE_STREAM = "/zerobubble.v1.RewardService/ScoreStream"
 
 SQUARES = {"inputs": ["3\n", "12\n"], "outputs": ["9\n", "144\n"]}
 
@@ -145,3 +153,71 @@ def test_reflection_and_metrics(reward_host, reward):
     for name in ("zerobubble_reward_queue_depth", "zerobubble_reward_sandbox_kills_total",
                  "zerobubble_reward_math_worker_replacements_total", "zerobubble_reward_timeouts"):
         assert name in text, name
+
+
+def test_a_thousand_idle_streams_leave_health_checks_and_unary_calls_answering(reward_host):
+    # Each stream has one item scored (so the service surely serves it), then sends nothing more.
+    first = [score_request("boxed", "so \\boxed{7}", "7", id=f"s{i}").SerializeToString() for i in range(1000)]
+    with idle_streams(reward_host.address, SCORE_STREAM, first, client_streaming=True, within=180):
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(reward_host.address))
+        seconds = []
+        for _ in range(6):
+            started = time.monotonic()
+            assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
+                health_pb2.HealthCheckResponse.SERVING
+            seconds.append(time.monotonic() - started)
+        assert statistics.median(seconds) < 0.1, seconds
+        with RewardClient(ClientConfig(address=reward_host.address, timeout_seconds=5, retry_seconds=0)) as client:
+            started = time.monotonic()
+            assert client.score("boxed", "\\boxed{2}", "2").answer_ok
+            assert time.monotonic() - started < 1.0
+
+
+def _score_stream(channel: grpc.aio.Channel):
+    return channel.stream_stream(SCORE_STREAM, request_serializer=reward_pb2.ScoreRequest.SerializeToString,
+                                 response_deserializer=reward_pb2.ScoreResult.FromString)
+
+
+async def _results_ahead_of_a_newcomer(address: str, floods: int, per_flood: int) -> int:
+    """Flood results that arrive after a newcomer stream (another client) sends its one item and
+    before its result."""
+    received = [0] * floods
+    async with grpc.aio.insecure_channel(address) as flooder, grpc.aio.insecure_channel(address) as newcomer:
+        await asyncio.wait_for(newcomer.channel_ready(), 30)
+
+        async def flood(k: int) -> None:
+            # An item that keeps the math worker busy for a while (~15 ms), so results on their way
+            # to this client are few next to the items run.
+            items = (score_request("boxed", "\\boxed{\\sin^2(x)+\\cos^2(x)}", "1", id=f"f{k}.{i}")
+                     for i in range(per_flood))
+            async for _ in _score_stream(flooder)(items, timeout=600):
+                received[k] += 1
+
+        floods_running = [asyncio.create_task(flood(k)) for k in range(floods)]
+        try:
+            # Every flood has had results, so each keeps its window of items in progress.
+            while min(received) < 2:
+                await asyncio.sleep(0.01)
+            before = sum(received)
+            item = score_request("boxed", "\\boxed{5}", "5", id="newcomer")
+            results = [result async for result in _score_stream(newcomer)(iter([item]), timeout=600)]
+            assert [r.id for r in results] == ["newcomer"] and results[0].answer_ok
+            assert max(received) < per_flood, "a flood ran out before the newcomer was answered"
+            return sum(received) - before
+        finally:
+            for task in floods_running:
+                task.cancel()
+            await asyncio.gather(*floods_running, return_exceptions=True)
+
+
+def test_a_stream_flooding_items_does_not_starve_another_streams_single_item():
+    floods = 8
+    # One math worker; four sandbox slots only widen each stream's window (2 x all lanes' threads = 10).
+    app = start_reward(**{"math.workers": 1, "sandbox.slots": 4})
+    try:
+        ahead = asyncio.run(_results_ahead_of_a_newcomer(app.address, floods, per_flood=60))
+    finally:
+        app.stop(grace=0)
+    # Taking turns, the newcomer waits for about one item of each flood (plus results on their way);
+    # first come first served, it would wait behind every flood's whole window: about 80 items.
+    assert ahead <= 2 * floods, f"{ahead} flood results came before the newcomer's"
