@@ -88,7 +88,7 @@ class ThreadedContext:
 
     def __init__(self, context: grpc.aio.ServicerContext, loop: asyncio.AbstractEventLoop):
         self._context = context
-        self._loop = loop
+        self._grpc_loop = loop
         self._ended = threading.Event()
         self._callbacks: list[Callable[[], None]] = []
 
@@ -103,7 +103,7 @@ class ThreadedContext:
         return True
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
-        asyncio.run_coroutine_threadsafe(self._context.abort(code, details), self._loop).result()
+        asyncio.run_coroutine_threadsafe(self._context.abort(code, details), self._grpc_loop).result()
 
     def end(self) -> None:
         self._ended.set()
@@ -211,8 +211,8 @@ class ServiceHost:
         self._exit = threading.Event()
         self.exit_code = 0
         self._pool = ThreadPoolExecutor(config.max_workers, thread_name_prefix=f"{name}-rpc")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
+        self._grpc_loop: asyncio.AbstractEventLoop | None = None
+        self._grpc_thread: threading.Thread | None = None
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
 
@@ -228,7 +228,7 @@ class ServiceHost:
 
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the server's loop from any other thread and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+        return asyncio.run_coroutine_threadsafe(coroutine, self._grpc_loop).result(timeout)
 
     def start(self) -> ServiceHost:
         credentials = server_credentials(self.config)
@@ -237,16 +237,16 @@ class ServiceHost:
                 self.config.metrics_port, addr=self.config.metrics_host, registry=self.registry
             )
             self.metrics_port = self._metrics_server.server_port
-        self._loop = asyncio.new_event_loop()
+        self._grpc_loop = asyncio.new_event_loop()
         # asyncio.to_thread in a handler runs on the host's threads.
-        self._loop.set_default_executor(self._pool)
-        self._loop_thread = threading.Thread(target=self._loop.run_forever, name=f"{self.name}-grpc", daemon=True)
-        self._loop_thread.start()
+        self._grpc_loop.set_default_executor(self._pool)
+        self._grpc_thread = threading.Thread(target=self._grpc_loop.run_forever, name=f"{self.name}-grpc", daemon=True)
+        self._grpc_thread.start()
         try:
             self._call(self._start(credentials))
         except BaseException:
             self._server = None
-            self._close_loop()
+            self._close_grpc_loop()
             self._close_metrics()
             raise
         log.info("%s listening on %s (metrics port %s)", self.name, self.address, self.metrics_port)
@@ -294,7 +294,7 @@ class ServiceHost:
         grace = self.config.grace_seconds if grace is None else grace
         if self._server is not None:
             self._call(self._stop(grace))
-            self._close_loop()
+            self._close_grpc_loop()
         # Sync handlers still blocked in a core call hold their threads until the core lets go
         # (services close their cores after this); no new work is taken.
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -319,10 +319,10 @@ class ServiceHost:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
-    def _close_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._loop_thread.join()
-        self._loop.close()
+    def _close_grpc_loop(self) -> None:
+        self._grpc_loop.call_soon_threadsafe(self._grpc_loop.stop)
+        self._grpc_thread.join()
+        self._grpc_loop.close()
 
     def exit(self, code: int, reason: str) -> None:
         """Ask run_until_signal to stop the service and return `code`: a background job (a worker loop,
