@@ -1,16 +1,33 @@
 """Many open streams from one test: grpc.aio calls on an event loop in a thread of their own, so a
 thousand streams cost no client threads. Each stream sends its opening request and waits for the
 server's headers (so the server is surely serving it: a handler sends them with its first reply, or
-at once when it has none to give yet), then stays open, idle, until the block ends."""
+at once when it has none to give yet), then stays open, idle, until the block ends. And how long a
+service takes to answer its health check meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def health_check_seconds(address: str, checks: int = 6) -> list[float]:
+    """Seconds each of `checks` health checks took on one connection (made before the first)."""
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        seconds = []
+        for _ in range(checks):
+            started = time.monotonic()
+            reply = health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+            seconds.append(time.monotonic() - started)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        return seconds
 
 
 class IdleStreams:
@@ -27,7 +44,7 @@ class IdleStreams:
     def run(self, coroutine, timeout: float):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
-    async def _open_one(self, request: bytes, timeout: float):
+    async def _open_one(self, request: bytes, timeout: float, headers: bool):
         """A stream with a deadline far beyond the test (every call has one); it is cancelled at the end."""
         if self.client_streaming:
             call = self._channel.stream_stream(self.method)(metadata=self.metadata, timeout=timeout)
@@ -35,13 +52,15 @@ class IdleStreams:
         else:
             call = self._channel.unary_stream(self.method)(request, metadata=self.metadata, timeout=timeout)
         self.calls.append(call)
+        if not headers:
+            return
         await call.initial_metadata()
         if call.done():
             raise AssertionError(f"{self.method}: the stream ended at once ({await call.code()})")
 
-    async def _open(self, requests: Sequence[bytes], timeout: float) -> None:
+    async def _open(self, requests: Sequence[bytes], timeout: float, headers: bool) -> None:
         self._channel = grpc.aio.insecure_channel(self.address)
-        await asyncio.gather(*(self._open_one(r, timeout) for r in requests))
+        await asyncio.gather(*(self._open_one(r, timeout, headers) for r in requests))
 
     @staticmethod
     async def _code(call) -> grpc.StatusCode:
@@ -65,9 +84,10 @@ class IdleStreams:
             call.cancel()
         await self._channel.close()
 
-    def open(self, requests: Sequence[bytes], *, within: float, deadline: float = 3600.0) -> None:
+    def open(self, requests: Sequence[bytes], *, within: float, headers: bool = True,
+             deadline: float = 3600.0) -> None:
         self._thread.start()
-        self.run(self._open(requests, deadline), timeout=within)
+        self.run(self._open(requests, deadline, headers), timeout=within)
 
     def close(self) -> None:
         if self._channel is not None:
@@ -78,12 +98,13 @@ class IdleStreams:
 
 @contextmanager
 def idle_streams(address: str, method: str, requests: Sequence[bytes], *, client_streaming: bool,
-                 within: float = 120.0, metadata: Sequence = ()) -> Iterator[IdleStreams]:
+                 within: float = 120.0, headers: bool = True, metadata: Sequence = ()) -> Iterator[IdleStreams]:
     """Open one stream per request (serialized bytes); they stay open until the block ends. Fails
-    if the server has not taken them all up within `within` seconds."""
+    if the server has not sent every stream its headers within `within` seconds (`headers=False`:
+    the streams are only started)."""
     streams = IdleStreams(address, method, client_streaming=client_streaming, metadata=metadata)
     try:
-        streams.open(requests, within=within)
+        streams.open(requests, within=within, headers=headers)
         yield streams
     finally:
         streams.close()

@@ -16,7 +16,7 @@ from cryptography.x509.oid import NameOID
 from echo_service import SERVICE, EchoClient, EchoCore, register
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from idle_streams import idle_streams
+from idle_streams import health_check_seconds, idle_streams
 from prometheus_client import Counter
 
 from zerobubble.common.config import ClientConfig, ServerConfig, TLSConfig
@@ -96,21 +96,10 @@ def test_graceful_stop_lets_in_flight_calls_finish(echo):
     assert outcome.get("reply") == b"sleep:1.0"
 
 
-def _health_seconds(address: str, checks: int = 5) -> list[float]:
-    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
-    health.Check(health_pb2.HealthCheckRequest(), timeout=5)  # connects
-    seconds = []
-    for _ in range(checks):
-        started = time.monotonic()
-        assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
-        seconds.append(time.monotonic() - started)
-    return seconds
-
-
 def test_a_thousand_idle_streams_leave_health_checks_and_unary_calls_answering(echo):
     host, _ = echo
     with idle_streams(host.address, f"/{SERVICE}/Stream", [b"open"] * 1000, client_streaming=True):
-        health = _health_seconds(host.address)
+        health = health_check_seconds(host.address)
         assert statistics.median(health) < 0.1, health
         with EchoClient(ClientConfig(address=host.address, timeout_seconds=5, retry_seconds=0)) as client:
             started = time.monotonic()

@@ -9,9 +9,8 @@ import urllib.request
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from idle_streams import idle_streams
+from idle_streams import health_check_seconds, idle_streams
 from reward_helpers import start_reward
 
 from zerobubble.common.config import ClientConfig
@@ -159,13 +158,7 @@ def test_a_thousand_idle_streams_leave_health_checks_and_unary_calls_answering(r
     # Each stream has one item scored (so the service surely serves it), then sends nothing more.
     first = [score_request("boxed", "so \\boxed{7}", "7", id=f"s{i}").SerializeToString() for i in range(1000)]
     with idle_streams(reward_host.address, SCORE_STREAM, first, client_streaming=True, within=180):
-        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(reward_host.address))
-        seconds = []
-        for _ in range(6):
-            started = time.monotonic()
-            assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
-                health_pb2.HealthCheckResponse.SERVING
-            seconds.append(time.monotonic() - started)
+        seconds = health_check_seconds(reward_host.address)
         assert statistics.median(seconds) < 0.1, seconds
         with RewardClient(ClientConfig(address=reward_host.address, timeout_seconds=5, retry_seconds=0)) as client:
             started = time.monotonic()
