@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.common.logs import setup_logging
@@ -32,14 +35,19 @@ def _overrides(args) -> list[str]:
     return sets
 
 
-def cmd_serve(args) -> int:
+def cmd_serve(args) -> NoReturn:
     module = _service_module(args.service)
     config = load_config(module.CONFIG_SCHEMA, args.config, _overrides(args))
     host = module.build(config).start()
     # One JSON line that supervisors and tests wait for; it gives the bound port when 0 was asked.
     print(json.dumps({"service": args.service, "address": host.address, "metrics_port": host.metrics_port}),
           flush=True)
-    return host.run_until_signal()
+    code = host.run_until_signal()
+    # The service has closed what it owns; the interpreter's own teardown (seconds with torch loaded, or
+    # forever behind a thread stuck in a call) would only stretch the shutdown past the grace.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def cmd_config(args) -> int:

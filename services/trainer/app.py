@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -101,12 +102,20 @@ class TrainerHost(ServiceHost):
         return self
 
     def stop(self, grace: float | None = None) -> None:
+        """Within the grace: the server's calls end and the loop finishes its step (and last checkpoint),
+        side by side; a loop still busy at the end of the grace is left to die with the process."""
+        deadline = time.monotonic() + (self.config.grace_seconds if grace is None else grace)
         self.loop.stop()
-        super().stop(grace)
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=120)
         if self.broadcaster is not None:
+            # Watch streams last as long as the broadcaster: closed first, they end now, not at the grace.
             self.broadcaster.close()
+        super().stop(grace)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if self._thread.is_alive():
+                # Closing what it uses would only make it fail; it holds no lock the exit needs.
+                log.warning("the training loop did not finish within the grace; it ends with the process")
+                return
         self.strategy.close()
         self.buffer.close()
 

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import Field
 from torch.distributed import TCPStore
 
+from zerobubble.common.conditions import AwaitableCondition
 from zerobubble.common.config import Schema
 from zerobubble.common.errors import InvalidInput, NotFound
 from zerobubble.common.weight_sync import (
@@ -104,27 +105,25 @@ class _Snapshot:
 
 
 class Watch:
-    """One watch stream of one member: its announcements in order; `ended` once the member was dropped,
-    joined again, or started another watch."""
+    """One watch stream of one member: its announcements in order, until the member is dropped, joins
+    again or starts another watch."""
 
     def __init__(self, owner: WeightBroadcaster, member: _Member, number: int):
         self._owner = owner
         self._member = member
         self._number = number
         self._closed = False
-        self.ended = False
 
     def _over(self) -> bool:
         m = self._member
         return self._closed or m.gone or m.watch != self._number or self._owner.closed
 
-    def next(self, timeout: float) -> trainer_pb2.WeightAnnouncement | None:
-        with self._owner._cond:
-            self._owner._cond.wait_for(lambda: self._over() or bool(self._member.outbox), timeout)
-            if self._over():
-                self.ended = True
-                return None
-            return self._member.outbox.popleft() if self._member.outbox else None
+    async def next(self) -> trainer_pb2.WeightAnnouncement | None:
+        """The next announcement, awaited without holding a thread; None once the watch has ended."""
+        cond = self._owner._cond
+        await cond.wait_for_async(lambda: self._over() or bool(self._member.outbox))
+        with cond:
+            return None if self._over() else self._member.outbox.popleft()
 
     def close(self) -> None:
         """The stream ended on the worker's side: a current member leaves the group."""
@@ -145,7 +144,8 @@ class WeightBroadcaster:
         self._cuda_device = device if device.type == "cuda" else None
         self.closed = False
         self._bucket_bytes = int(self.config.bucket_mb * MIB)
-        self._cond = threading.Condition()
+        # Watch streams await it on the server's event loop; the sender thread and the loop wait as usual.
+        self._cond = AwaitableCondition()
         self._members: dict[str, _Member] = {}
         self._group = None
         self._group_ids: list[str] = []

@@ -23,10 +23,9 @@ class TrainerControl(Protocol):
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    def __init__(self, broadcaster: WeightBroadcaster, control: TrainerControl, *, poll_seconds: float = 0.5):
+    def __init__(self, broadcaster: WeightBroadcaster, control: TrainerControl):
         self.broadcaster = broadcaster
         self.control = control
-        self.poll_seconds = poll_seconds
 
     @translate_errors
     def JoinWeightSync(self, request, context):
@@ -37,17 +36,15 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
     @translate_errors
-    def WatchWeights(self, request, context):
+    async def WatchWeights(self, request, context):
+        # A coroutine: an idle watch holds no server thread, and a worker that goes away cancels the call,
+        # which ends in the `finally` and drops the member at once.
         watch = self.broadcaster.watch(request.worker_id)
-        # A worker that goes away cancels the stream; the callback drops it without waiting for a poll.
-        context.add_callback(watch.close)
         try:
-            while context.is_active():
-                announcement = watch.next(self.poll_seconds)
-                if watch.ended:
-                    return
-                if announcement is not None:
-                    yield announcement
+            # Headers now: the worker knows its watch is registered before any weights exist.
+            await context.send_initial_metadata(())
+            while (announcement := await watch.next()) is not None:
+                await context.write(announcement)
         finally:
             watch.close()
 

@@ -103,7 +103,7 @@ def trainer_service(listen: str = "127.0.0.1:0", **sync: Any) -> Iterator[Traine
     control = StubControl()
     host = ServiceHost("trainer", ServerConfig(listen=listen, metrics_port=None, grace_seconds=0), registry)
     host.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
-             TrainerServicer(broadcaster, control, poll_seconds=0.1), SERVICE.full_name)
+             TrainerServicer(broadcaster, control), SERVICE.full_name)
     host.start()
     try:
         yield TrainerHandle(broadcaster, host, control, registry)
