@@ -74,12 +74,6 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _bench_reward(args) -> dict:
-    from zerobubble.reward.bench import bench_reward
-
-    return bench_reward(items=args.items, programs=args.programs)
-
-
 def _bench_transport(args) -> dict:
     from zerobubble.buffer.bench import bench_transport
 
@@ -89,7 +83,8 @@ def _bench_transport(args) -> dict:
 # Each area adds its own subcommands here: a module with `register(subparsers)` (and, for benchmarks,
 # `register_bench(bench_subparsers)` whose parsers set `measure` to a function returning the figures).
 COMMAND_MODULES = ("zerobubble.tiny.commands", "zerobubble.launcher.commands", "zerobubble.runs.plot")
-BENCH_MODULES = ("zerobubble.trainer.bench_weights", "zerobubble.rollout.bench", "zerobubble.launcher.bench_pipeline")
+BENCH_MODULES = ("zerobubble.reward.bench", "zerobubble.trainer.bench_weights", "zerobubble.rollout.bench",
+                 "zerobubble.launcher.bench_pipeline")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,10 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="measure throughput; prints one JSON object as its last line")
     benches = bench.add_subparsers(dest="what", required=True)
-    reward = benches.add_parser("reward", help="math scores/s with 1 and N workers; sandboxed programs/s")
-    reward.add_argument("--items", type=int, default=400, help="math items per measurement")
-    reward.add_argument("--programs", type=int, default=40, help="programs per measurement")
-    reward.set_defaults(measure=_bench_reward)
     transport = benches.add_parser("transport", help="buffer push-to-pull throughput vs a loopback TCP socket")
     transport.add_argument("--scale", type=float, default=1.0, help="fraction of the default group counts")
     transport.add_argument("--fsync", default="interval", choices=["always", "interval", "never"],
