@@ -4,6 +4,7 @@ members that join over gRPC, hold their watch streams open and never arrive at a
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -13,6 +14,7 @@ import torch
 from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
 
 from zerobubble.common.config import ClientConfig
+from zerobubble.rollout.weight_receiver import WeightReceiver
 from zerobubble.trainer.client import TrainerClient
 
 TOKEN = "weight-sync-test-token"
@@ -58,6 +60,22 @@ def test_a_stranger_can_neither_join_nor_watch(token_file):
         with TrainerClient(ClientConfig(address=trainer.address, auth_token_file=token_file)) as member:
             member.join("w1")
         assert trainer.broadcaster.members == ["w1"]
+
+
+def test_a_worker_refused_for_its_token_says_so_in_its_log(token_file, caplog):
+    caplog.set_level(logging.WARNING, logger="zerobubble.rollout.weight_receiver")
+    with trainer_service(token_file=token_file) as trainer:
+        client = TrainerClient(ClientConfig(address=trainer.address, auth_token="wrong-token"))
+        receiver = WeightReceiver(client, "w1", first_backoff_s=0.05).start()
+        try:
+            deadline = time.monotonic() + 30
+            while not any("UNAUTHENTICATED" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "no warning about the refused join"
+                time.sleep(0.05)
+        finally:
+            receiver.close()
+            client.close()
+        assert trainer.broadcaster.members == []
 
 
 def test_joins_beyond_the_maximum_are_refused(token_file):
