@@ -49,7 +49,8 @@ class BearerToken(Schema):
     """Where the bearer token comes from: at most one of the three. The file and the variable are read when
     the server or client is built, so a config file never holds the secret and can be shared."""
 
-    auth_token: str | None = Field(None, description="the token itself (prefer auth_token_file or auth_token_env)")
+    auth_token: str | None = Field(None, description="a server requires 'authorization: Bearer <token>' of every "
+                                   "call but health checks, a client sends it; prefer auth_token_file or _env")
     auth_token_file: Path | None = Field(None, description="read the token from this file (e.g. a docker secret)")
     auth_token_env: str | None = Field(None, min_length=1, description="read the token from this environment variable")
 
