@@ -79,7 +79,10 @@ class ServiceHost:
         self._stopped = threading.Event()
         self._exit = threading.Event()
         self.exit_code = 0
-        interceptors = [BearerTokenCheck(config.auth_token)] if config.auth_token else []
+        token = config.bearer_token()
+        if warning := config.exposure(token):
+            log.warning("%s: %s", name, warning)
+        interceptors = [BearerTokenCheck(token)] if token else []
         limit = config.max_message_bytes
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix=f"{name}-rpc"),

@@ -146,7 +146,7 @@ def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
         run.watch(trainer, progress)
         progress.refresh()
         buffer = next(p for p in run.services if p.service == "buffer")
-        with BufferClient(buffer.address) as client:
+        with BufferClient(run.client_config(buffer)) as client:
             stats = client.stats()
     finally:
         run.stop_all()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerobubble.buffer.config import BufferServiceConfig
-from zerobubble.common.config import ConfigError
+from zerobubble.common.config import TOKEN_ENV, ClientConfig, ConfigError
 from zerobubble.launcher.assets import RunAssets, prepare_assets
 from zerobubble.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.launcher.processes import ServiceFailed, ServiceProcess
@@ -26,6 +28,10 @@ from zerobubble.trainer.config import TrainerServiceConfig
 
 log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1:0"
+# Other users of this machine reach loopback ports too: every service of a run requires the run's token, which
+# the services (processes started by this one) read from the environment.
+TOKEN = {"auth_token_env": TOKEN_ENV}
+SERVER = {"listen": LOOPBACK, **TOKEN}
 
 
 class Interrupted(Exception):
@@ -50,13 +56,19 @@ class Run:
         self.services.append(process)
         return process.start(self.config.startup_timeout_seconds)
 
+    def client_config(self, process: ServiceProcess) -> ClientConfig:
+        """How this process calls one of the run's services."""
+        return ClientConfig(address=process.address, **TOKEN)
+
     def launch(self, assets: RunAssets) -> ServiceProcess:
-        """Start every service in order; returns the trainer."""
+        """Start every service in order; returns the trainer. The run's token is $ZEROBUBBLE_AUTH_TOKEN when set
+        (so other tools can call the services), else a new random one."""
+        os.environ.setdefault(TOKEN_ENV, secrets.token_urlsafe(32))
         config, pipeline = self.config, self.config.pipeline
         reward = self.start("reward", "reward", RewardServiceConfig, merge(
-            {"server": {"listen": LOOPBACK}, "math": {"workers": 1}}, config.reward))
+            {"server": SERVER, "math": {"workers": 1}}, config.reward))
         trainer_tree = merge({
-            "server": {"listen": LOOPBACK}, "model": assets.model, "run_dir": self.run_dir / "trainer",
+            "server": SERVER, "model": assets.model, "run_dir": self.run_dir / "trainer",
             "resume": self.resume, "batch": {"max_new_tokens": pipeline.max_new_tokens},
             "torch_threads": pipeline.torch_threads,
         }, config.trainer)
@@ -64,7 +76,7 @@ class Run:
         algorithm = trainer_config.algorithm_config()
         queued_steps = 1 if pipeline.max_staleness == 0 else 2
         buffer = self.start("buffer", "buffer", BufferServiceConfig, merge({
-            "server": {"listen": LOOPBACK}, "prompts": {"path": assets.train},
+            "server": SERVER, "prompts": {"path": assets.train},
             # Workers stop leasing when two steps of groups wait (one, strictly on-policy): generating further
             # ahead would only make samples the staleness bound throws away.
             "capacity": {"max_groups": queued_steps * trainer_config.batch.groups_per_step},
@@ -73,14 +85,14 @@ class Run:
                         "accuracy_range": algorithm.filter_range},
         }, config.buffer))
         trainer = self.start("trainer", "trainer", TrainerServiceConfig,
-                             merge(trainer_tree, {"buffer": {"address": buffer.address}}))
+                             merge(trainer_tree, {"buffer": {"address": buffer.address, **TOKEN}}))
         for i in range(pipeline.rollout_workers):
             tree = {
-                "server": {"listen": LOOPBACK}, "worker_id": f"rollout-{i}", "model": {"path": assets.model},
+                "server": SERVER, "worker_id": f"rollout-{i}", "model": {"path": assets.model},
                 "generation": {"num_generations": pipeline.num_generations,
                                "max_new_tokens": pipeline.max_new_tokens, "seed": 1000 * i},
-                "buffer": {"address": buffer.address}, "reward_service": {"address": reward.address},
-                "trainer": {"address": trainer.address}, "torch_threads": pipeline.torch_threads,
+                "buffer": {"address": buffer.address, **TOKEN}, "reward_service": {"address": reward.address, **TOKEN},
+                "trainer": {"address": trainer.address, **TOKEN}, "torch_threads": pipeline.torch_threads,
                 "max_policy_lag": pipeline.max_staleness,
             }
             if i == 0 and assets.eval is not None:
@@ -153,7 +165,7 @@ def final_eval(run: Run, assets: RunAssets) -> None:
     from zerobubble.launcher.final_eval import evaluate_checkpoint
 
     reward = next(p for p in run.services if p.service == "reward")
-    evaluate_checkpoint(run.run_dir, assets.eval, reward.address, run.config)
+    evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward), run.config)
 
 
 def finish(run_dir: Path, seconds: float) -> dict:

@@ -40,6 +40,8 @@ from zerobubble.trainer.client import TrainerClient
 from zerobubble.v1 import trainer_pb2
 
 log = logging.getLogger(__name__)
+# A wrong or missing token, or a full group: the worker keeps trying, but the log must say why it gets no weights.
+REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 class WeightTaker(Protocol):
@@ -134,7 +136,10 @@ class WeightReceiver:
             try:
                 self._session()
             except grpc.RpcError as exc:
-                if not self._closed.is_set():
+                if exc.code() in REFUSALS:
+                    log.warning("%s: the trainer refused the weight sync (%s: %s); trying again", self.worker_id,
+                                exc.code().name, exc.details())
+                elif not self._closed.is_set():
                     log.info("%s: trainer stream ended (%s); joining again", self.worker_id, exc.code())
             except Exception:
                 log.exception("%s: weight sync session failed; joining again", self.worker_id)
