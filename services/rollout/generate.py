@@ -9,15 +9,11 @@ from collections.abc import Sequence
 
 from jinja2.exceptions import TemplateError
 
-from zerobubble.common.errors import InvalidInput, Overloaded, TooLarge
+from zerobubble.common.errors import InvalidInput, Overloaded, TooLarge, check_size
 from zerobubble.rollout.config import RequestLimits
 from zerobubble.rollout.engine import Sample, SamplingError, SamplingSettings
 from zerobubble.rollout.prompting import NotMessages, PromptTooLong
 from zerobubble.rollout.worker import RolloutWorker
-
-
-def utf8_size(text: str) -> int:
-    return len(text.encode())
 
 
 class GenerateCalls:
@@ -65,13 +61,9 @@ class GenerateCalls:
             raise TooLarge(f"{len(sampling.stop)} stop strings are over the limit of {limits.max_stop_strings} "
                            "(requests.max_stop_strings)", "sampling.stop")
         for i, stop in enumerate(sampling.stop):
-            if utf8_size(stop) > limits.max_stop_bytes:
-                raise TooLarge(f"{utf8_size(stop)} bytes are over the limit of {limits.max_stop_bytes} "
-                               "(requests.max_stop_bytes)", f"sampling.stop[{i}]")
+            check_size(stop, limits.max_stop_bytes, f"sampling.stop[{i}]", "requests.max_stop_bytes")
         for i, prompt in enumerate(prompts):
-            if utf8_size(prompt) > limits.max_prompt_bytes:
-                raise TooLarge(f"{utf8_size(prompt)} bytes are over the limit of {limits.max_prompt_bytes} "
-                               "(requests.max_prompt_bytes)", f"prompts[{i}]")
+            check_size(prompt, limits.max_prompt_bytes, f"prompts[{i}]", "requests.max_prompt_bytes")
 
     def _tokens(self, index: int, prompt: str, raw: bool) -> list[int]:
         field = f"prompts[{index}]"
