@@ -47,16 +47,14 @@ class GenerateCalls:
         limits = self.limits
         if sampling.max_new_tokens > limits.max_new_tokens:
             raise TooLarge(f"{sampling.max_new_tokens} is over the limit of {limits.max_new_tokens} "
-                           "(requests.max_new_tokens)", "sampling.max_new_tokens")
+                           "(requests.max_new_tokens, by default generation.max_new_tokens)", "sampling.max_new_tokens")
+        samples = f"the limit of {limits.max_samples} samples (requests.max_samples, by default the worker's batch)"
         if sampling.n > limits.max_samples:
-            raise TooLarge(f"{sampling.n} is over the limit of {limits.max_samples} (requests.max_samples)",
-                           "sampling.n")
+            raise TooLarge(f"{sampling.n} is over {samples}", "sampling.n")
         if len(prompts) > limits.max_samples:
-            raise TooLarge(f"{len(prompts)} prompts are over the limit of {limits.max_samples} "
-                           "(requests.max_samples)", "prompts")
+            raise TooLarge(f"{len(prompts)} prompts are over {samples}", "prompts")
         if sampling.n * len(prompts) > limits.max_samples:
-            raise TooLarge(f"n x prompts = {sampling.n * len(prompts)} samples are over the limit of "
-                           f"{limits.max_samples} (requests.max_samples)", "sampling.n")
+            raise TooLarge(f"n x prompts = {sampling.n * len(prompts)} is over {samples}", "sampling.n")
         if len(sampling.stop) > limits.max_stop_strings:
             raise TooLarge(f"{len(sampling.stop)} stop strings are over the limit of {limits.max_stop_strings} "
                            "(requests.max_stop_strings)", "sampling.stop")
