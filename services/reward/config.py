@@ -44,10 +44,13 @@ class SandboxConfig(Schema):
 
 
 class LimitsConfig(Schema):
-    max_response_chars: int = Field(256 * 1024, gt=0)
-    max_answer_chars: int = Field(16 * 1024, gt=0)
+    """Sizes are UTF-8 bytes, as the wire counts them."""
+
+    max_response_bytes: int = Field(256 * 1024, gt=0)
+    max_answer_bytes: int = Field(16 * 1024, gt=0, description="the ground-truth answer")
+    max_id_bytes: int = Field(1024, gt=0, description="an item's id, which comes back in its result")
     max_test_cases: int = Field(256, gt=0)
-    max_test_bytes: int = Field(16 * 1024 * 1024, gt=0, description="all inputs and outputs of one request")
+    max_test_bytes: int = Field(16 * 1024 * 1024, gt=0, description="all test inputs and outputs of one item")
     max_batch_items: int = Field(4096, gt=0)
     max_pending_items: int = Field(8192, gt=0, description="items accepted but not finished; beyond "
                                    "this new work is refused with RESOURCE_EXHAUSTED")

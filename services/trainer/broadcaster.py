@@ -11,6 +11,7 @@ that come while one is in flight coalesce: the newest version is the next one se
 from __future__ import annotations
 
 import logging
+import reprlib
 import socket
 import threading
 import time
@@ -199,7 +200,11 @@ class WeightBroadcaster:
         if not worker_id:
             raise InvalidInput("must not be empty", field="worker_id")
         device = device or "cpu"
-        if self.backend == "nccl" and backend_for(device) != "nccl":
+        try:
+            backend = backend_for(device)
+        except RuntimeError:
+            raise InvalidInput(f"{reprlib.repr(device)} is not a torch device (cpu, cuda:N)", field="device") from None
+        if self.backend == "nccl" and backend != "nccl":
             raise InvalidInput(f"{device!r}: this trainer broadcasts over NCCL; join with a cuda device",
                                field="device")
         with self._cond:
