@@ -23,6 +23,7 @@ import signal
 import subprocess
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -150,9 +151,20 @@ class CodeSandbox:
         return TestReport(passed=passed, total=len(inputs), status=status)
 
     def close(self) -> None:
-        """Removes the slots' cgroups, killing whatever still runs in them."""
-        if self.cgroups is not None:
-            self.cgroups.close()
+        """Kills the runs in progress and removes the slots' cgroups once they have ended; later runs are
+        refused."""
+        self.isolation = Isolation(("the sandbox is closed",))
+        if self.cgroups is None or self.cgroups.closed:
+            return
+        held = []
+        deadline = time.monotonic() + _EMPTY_SECONDS
+        while len(held) < self.config.slots and time.monotonic() < deadline:
+            self.cgroups.kill_all()
+            with contextlib.suppress(queue.Empty):
+                held.append(self._slots.get(timeout=0.05))
+        self.cgroups.close()
+        for slot in held:  # a run that got past the check before the close fails at once, not waits forever
+            self._slots.put(slot)
 
     def _probe(self) -> Isolation:
         missing = []
@@ -348,19 +360,21 @@ class SlotCgroups:
             _enable_memory(parent)
         self.base = parent / f"{_CGROUP_PREFIX}{os.getpid()}-{next(_SANDBOX_NUMBERS)}"
         self.base.mkdir(exist_ok=True)
+        self.slots: list[Path] = []
+        # Removed by close(), or at the latest at exit, for a sandbox nobody closed.
+        self._removal = weakref.finalize(self, _remove_cgroups, self.base, self.slots)
         if self.version == 2:
             (self.base / "cgroup.subtree_control").write_text("+memory")
         # Swap counts too, where the kernel accounts for it: otherwise a run could spill past its bound.
         limit, swap = (("memory.limit_in_bytes", "memory.memsw.limit_in_bytes") if self.version == 1
                        else ("memory.max", "memory.swap.max"))
-        self.slots = []
         for slot in range(slots):
             folder = self.base / f"slot-{slot}"
             folder.mkdir(exist_ok=True)
+            self.slots.append(folder)
             (folder / limit).write_text(str(memory_bytes))
             if (folder / swap).exists():
                 (folder / swap).write_text(str(memory_bytes if self.version == 1 else 0))
-            self.slots.append(folder)
 
     def procs(self, slot: int) -> Path:
         return self.slots[slot] / "cgroup.procs"
@@ -375,34 +389,66 @@ class SlotCgroups:
         return 0
 
     def empty(self, slot: int) -> None:
-        """Kills what is left in a slot's cgroup and waits for it to be gone."""
-        deadline = time.monotonic() + _EMPTY_SECONDS
-        pause = 0.001  # bubblewrap's init often takes a moment more to exit than the process that waited for it
-        while pids := self.procs(slot).read_text().split():
-            if time.monotonic() > deadline:
-                log.warning("sandbox slot %d: processes %s outlived their run", slot, " ".join(pids))
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-            time.sleep(pause)
-            pause = min(2 * pause, 0.05)
+        _empty(self.slots[slot])
+
+    def kill_all(self) -> None:
+        for folder in self.slots:
+            _kill(folder)
+
+    @property
+    def closed(self) -> bool:
+        return not self._removal.alive
 
     def close(self) -> None:
-        if not self.base.exists():  # closed already
+        self._removal()
+
+
+def _kill(cgroup: Path) -> list[str]:
+    """Sends SIGKILL to every process in a cgroup; returns their pids."""
+    pids = (cgroup / "cgroup.procs").read_text().split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    return pids
+
+
+def _empty(cgroup: Path) -> None:
+    """Kills what is left in a cgroup and waits for it to be gone."""
+    deadline = time.monotonic() + _EMPTY_SECONDS
+    pause = 0.001  # bubblewrap's init often takes a moment more to exit than the process that waited for it
+    while pids := _kill(cgroup):
+        if time.monotonic() > deadline:
+            log.warning("sandbox cgroup %s: processes %s outlived their run", cgroup, " ".join(pids))
             return
-        for slot in range(len(self.slots)):
-            self.empty(slot)
-        _remove_tree(self.base)
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+
+
+def _remove_cgroups(base: Path, slots: list[Path]) -> None:
+    for folder in slots:
+        _empty(folder)
+    _remove_tree(base)
 
 
 def _own_memory_cgroup() -> tuple[Path, int]:
     """This process's memory cgroup, as a folder, and the version of the hierarchy that has the controller."""
+    found = find_memory_cgroup(Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text())
+    if found is None:
+        raise SandboxUnavailable("the kernel has no memory cgroup controller mounted")
+    folder, version = found
+    if version == 2 and "memory" not in (folder / "cgroup.controllers").read_text().split():
+        raise SandboxUnavailable(f"the memory controller is not enabled for {folder}")
+    return found
+
+
+def find_memory_cgroup(cgroups: str, mountinfo: str) -> tuple[Path, int] | None:
+    """Where a process's memory cgroup is, from its /proc/PID/cgroup and /proc/PID/mountinfo: a v1 memory
+    hierarchy where there is one (hybrid hosts have both), else the v2 one."""
     own = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
+    for line in cgroups.splitlines():
         _, controllers, path = line.split(":", 2)
         own.update(dict.fromkeys(controllers.split(","), path))
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+    for line in mountinfo.splitlines():
         fields = line.split()
         mount_root, mount_point = fields[3], fields[4]
         fstype, options = fields[fields.index("-") + 1], fields[fields.index("-") + 3].split(",")
@@ -412,10 +458,8 @@ def _own_memory_cgroup() -> tuple[Path, int]:
             version, path = 2, own[""]
         else:
             continue
-        folder = Path(mount_point, os.path.relpath(path, mount_root))
-        if version == 1 or "memory" in (folder / "cgroup.controllers").read_text().split():
-            return folder, version
-    raise SandboxUnavailable("the kernel has no memory cgroup controller mounted")
+        return Path(mount_point, os.path.relpath(path, mount_root)), version
+    return None
 
 
 def _enable_memory(parent: Path) -> None:

@@ -435,3 +435,36 @@ def test_cgroups_left_by_a_dead_service_are_removed(make_sandbox):
     (stale / "slot-0").mkdir(parents=True)
     make_sandbox()
     assert not stale.exists()
+
+
+def test_closing_kills_the_runs_in_progress_and_refuses_new_ones(make_sandbox):
+    sandbox = make_sandbox(wall_seconds=60.0, cpu_seconds=60)
+    results = []
+    run = threading.Thread(target=lambda: results.append(sandbox.run("import time\ntime.sleep(60)", "")))
+    run.start()
+    started = time.monotonic()
+    while not any((slot / "cgroup.procs").read_text().split() for slot in sandbox.cgroups.slots):
+        assert time.monotonic() - started < 30, "the run never started"
+        time.sleep(0.05)
+    sandbox.close()
+    run.join(timeout=30)
+    assert not run.is_alive()
+    assert results[0].status != "ok"
+    assert not sandbox.cgroups.base.exists()
+    with pytest.raises(SandboxUnavailable, match="closed"):
+        sandbox.run("print(1)", "")
+
+
+FORGOTTEN = """
+from zerobubble.reward.config import SandboxConfig
+from zerobubble.reward.sandbox import CodeSandbox
+sandbox = CodeSandbox(SandboxConfig(slots=1))
+print(sandbox.cgroups.base, flush=True)
+"""
+
+
+def test_a_sandbox_nobody_closed_removes_its_cgroups_at_exit(sandbox):
+    result = subprocess.run([sys.executable, "-c", FORGOTTEN], capture_output=True, text=True, timeout=60)
+    base = Path(result.stdout.strip())
+    assert base.name.startswith("zerobubble-sandbox-"), result.stderr
+    assert not base.exists()
