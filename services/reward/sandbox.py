@@ -47,7 +47,7 @@ _ISOLATION = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"
               "--die-with-parent", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID")
 _CGROUP_PREFIX = "zerobubble-sandbox-"  # then the service's pid and the sandbox's number in it
 _SANDBOX_NUMBERS = itertools.count()
-_EMPTY_SECONDS = 5.0  # for the killed processes of a run to leave its cgroup
+_EMPTY_SECONDS = 5.0  # for what a run leaves in its cgroup (killed processes, shared memory) to go
 
 
 @dataclass(frozen=True)
@@ -381,12 +381,8 @@ class SlotCgroups:
 
     def oom_kills(self, slot: int) -> int:
         """Processes the kernel has killed in this slot's cgroup for its memory bound, ever."""
-        events = self.slots[slot] / ("memory.oom_control" if self.version == 1 else "memory.events")
-        for line in events.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return 0
+        return _figure(self.slots[slot] / ("memory.oom_control" if self.version == 1 else "memory.events"),
+                       "oom_kill")
 
     def empty(self, slot: int) -> None:
         _empty(self.slots[slot])
@@ -413,15 +409,27 @@ def _kill(cgroup: Path) -> list[str]:
 
 
 def _empty(cgroup: Path) -> None:
-    """Kills what is left in a cgroup and waits for it to be gone."""
+    """Kills what is left in a cgroup and waits until its processes are gone and their files and shared memory
+    are freed, so that the slot's next run has its whole bound. bubblewrap's init often exits a moment after
+    the process that waited for it, and the kernel frees an IPC namespace's memory a moment after that."""
     deadline = time.monotonic() + _EMPTY_SECONDS
-    pause = 0.001  # bubblewrap's init often takes a moment more to exit than the process that waited for it
-    while pids := _kill(cgroup):
+    pause = 0.001
+    while (pids := _kill(cgroup)) or _figure(cgroup / "memory.stat", "shmem"):
         if time.monotonic() > deadline:
-            log.warning("sandbox cgroup %s: processes %s outlived their run", cgroup, " ".join(pids))
+            log.warning("sandbox cgroup %s still holds processes [%s] or shared memory after its run", cgroup,
+                        " ".join(pids))
             return
         time.sleep(pause)
         pause = min(2 * pause, 0.05)
+
+
+def _figure(path: Path, key: str) -> int:
+    """The value of `key` in a cgroup file of "key value" lines (0 where the kernel does not count it)."""
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
 
 
 def _remove_cgroups(base: Path, slots: list[Path]) -> None:

@@ -468,3 +468,14 @@ def test_a_sandbox_nobody_closed_removes_its_cgroups_at_exit(sandbox):
     base = Path(result.stdout.strip())
     assert base.name.startswith("zerobubble-sandbox-"), result.stderr
     assert not base.exists()
+
+
+def test_the_next_run_of_a_slot_gets_its_whole_memory_bound(make_sandbox):
+    # The kernel frees an IPC namespace's shared memory a moment after its last process exits: until then
+    # it still counts against the slot's bound.
+    sandbox = make_sandbox(slots=1)
+    share = sandbox.config.memory_bytes * 6 // 10
+    with sysv_keys() as (shm_key, msg_key):
+        assert sandbox.run(sysv_leave_program(shm_key, msg_key, share, "left"), "").status == "ok"
+    stat = dict(line.split() for line in (sandbox.cgroups.slots[0] / "memory.stat").read_text().splitlines())
+    assert int(stat["shmem"]) == 0
