@@ -345,8 +345,7 @@ def _root_args() -> list[str]:
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
     return [*args, "--perms", "0755", "--dir", "/etc", "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
-            "--proc", "/proc",
-            "--remount-ro", "/proc", "--dev", "/dev", "--ro-bind", _ENTRY, _ENTRY_INSIDE]
+            "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--ro-bind", _ENTRY, _ENTRY_INSIDE]
 
 
 class SlotCgroups:
