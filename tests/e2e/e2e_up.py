@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -11,14 +10,20 @@ import sys
 import time
 from pathlib import Path
 
-from e2e_helpers import service_env
+from e2e_helpers import leftover_groups, metrics_rows, service_env
+
+from zerobubble.buffer.config import BufferServiceConfig
+from zerobubble.buffer.core import Buffer
+from zerobubble.common.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("reward", "buffer", "trainer", "rollout-0")
+GENERATIONS, GROUPS_PER_STEP = 4, 4
 # The demo made small: no warm start (the model is made in a second), a short task, four groups of four per step.
 SMALL_RUN = {
     "tiny_model.warm_start_steps": 0, "task.train_size": 32, "task.eval_size": 4, "buffer.prompts.epochs": 1,
-    "pipeline.num_generations": 4, "pipeline.max_new_tokens": 8, "trainer.batch.groups_per_step": 4,
+    "pipeline.num_generations": GENERATIONS, "pipeline.max_new_tokens": 8,
+    "trainer.batch.groups_per_step": GROUPS_PER_STEP,
     "trainer.batch.micro_batch_samples": 16, "rollout.generation.prompts_per_batch": 4,
     "rollout.eval.interval": 1000, "rollout.eval.samples_per_prompt": 2, "final_eval": False,
 }
@@ -77,9 +82,40 @@ def tail(path: Path | None, lines: int = 40) -> str:
 
 def steps_trained(run_dir: Path) -> int:
     """The newest step in the trainer's metrics (0 before the first)."""
-    path = run_dir / "trainer" / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = metrics_rows(run_dir)
     return rows[-1]["step"] if rows else 0
+
+
+def lineage(rows: list[dict]) -> list[dict]:
+    """The steps the final weights went through: a restarted trainer writes again the steps after its checkpoint,
+    and those later rows replace the ones the killed trainer wrote."""
+    by_step = {row["step"]: row for row in rows}
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def buffer_counters(run_dir: Path) -> dict:
+    """The buffer's counters, replayed from its write-ahead log after the run."""
+    buffer = Buffer(load_config(BufferServiceConfig, run_dir / "configs" / "buffer.yaml"))
+    try:
+        return buffer.stats()
+    finally:
+        buffer.close()
+
+
+def assert_every_group_accounted_for(run_dir: Path, prompts: int) -> None:
+    """Every prompt of every epoch ended as one stored group or one filtered; every stored group was trained on
+    once in the final lineage, dropped as stale, or left over at the end (fewer than a step)."""
+    steps = lineage(metrics_rows(run_dir))
+    assert [row["step"] for row in steps] == list(range(1, len(steps) + 1))
+    trained = sum(int(row["samples"]) for row in steps) // GENERATIONS
+    stats = buffer_counters(run_dir)
+    leftover = leftover_groups(run_dir / "logs" / "trainer.log")
+    print(f"groups: {stats['groups_in']} stored, {trained} trained, {stats['filtered']} filtered, "
+          f"{stats['stale_dropped']} stale, {leftover} left over; {len(steps)} steps")
+    assert stats["end_of_data"] and stats["queued_groups"] == 0
+    assert stats["groups_in"] + stats["filtered"] == prompts
+    assert leftover < GROUPS_PER_STEP
+    assert trained + stats["stale_dropped"] + leftover == stats["groups_in"]
 
 
 def kill_session(process: subprocess.Popen, run_dir: Path) -> None:

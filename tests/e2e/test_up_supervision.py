@@ -7,7 +7,15 @@ import os
 import signal
 import time
 
-from e2e_up import kill_session, service_pids, start_up, steps_trained, tail, wait_for
+from e2e_up import (
+    assert_every_group_accounted_for,
+    kill_session,
+    service_pids,
+    start_up,
+    steps_trained,
+    tail,
+    wait_for,
+)
 
 # SIGTERM first, then the process group is killed after the service's grace period (10 s by default) and a margin;
 # the rest is a loaded 2-core machine's slack.
@@ -64,3 +72,20 @@ def test_a_dead_service_is_restarted_until_its_restarts_are_used_up(tmp_path):
         wait_for(lambda: not service_pids(run_dir), 60, "the other services to be stopped")
     finally:
         kill_session(up, run_dir)
+
+
+def test_a_trainer_killed_before_its_first_checkpoint_is_given_its_groups_again(tmp_path):
+    """With no checkpoint to go back to, the restarted trainer starts from the model, and the groups the buffer
+    had delivered to the killed one come again instead of staying delivered to nobody."""
+    run_dir, output = tmp_path / "run", tmp_path / "up.out"
+    prompts = 32
+    up = start_up(run_dir, output, **{"task.train_size": prompts, "trainer.checkpoint.interval_steps": 1000})
+    try:
+        wait_for(lambda: len(service_pids(run_dir)) == 4 and steps_trained(run_dir) >= 2, 240,
+                 "every service and two steps", up, output)
+        os.kill(service_pids(run_dir)["trainer"], signal.SIGKILL)
+        assert up.wait(600) == 0, tail(output)
+    finally:
+        kill_session(up, run_dir)
+    assert "restarting trainer" in output.read_text()
+    assert_every_group_accounted_for(run_dir, prompts)
