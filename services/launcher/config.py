@@ -46,6 +46,10 @@ class RestartsConfig(Schema):
                                    "with each further one")
     max_backoff_seconds: float = Field(30.0, gt=0, description="the longest pause before a restart")
 
+    def pause_before(self, restart: int) -> float:
+        """Seconds to wait before a service's `restart`-th restart (1 is the first)."""
+        return min(self.max_backoff_seconds, self.backoff_seconds * 2 ** (restart - 1))
+
 
 class UpConfig(Schema):
     run_dir: Path = Field(Path("runs/demo"), description="everything the run writes")

@@ -56,7 +56,7 @@ class Supervisor:
             after = f" after {done} restart{'s' * (done != 1)}" if done else ""
             raise ServiceFailed(f"{process.name} {describe_exit(code)}{after}; its log: {process.log_path}")
         self.restarts[process.name] = done + 1
-        pause = min(self.policy.max_backoff_seconds, self.policy.backoff_seconds * 2 ** done)
+        pause = self.policy.pause_before(done + 1)
         log.warning("%s %s; restarting %s in %.1f s (restart %d of %d); its log: %s", process.name,
                     describe_exit(code), process.name, pause, done + 1, self.policy.max_per_service, process.log_path)
         self.due[process.name] = time.monotonic() + pause

@@ -60,7 +60,8 @@ def test_a_dead_service_is_restarted_until_its_restarts_are_used_up(tmp_path):
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: service_pids(run_dir).get("reward") not in (None, first), 120,
                  "the reward service to be restarted", up, output)
-        assert "restarting reward" in output.read_text(), tail(output)
+        assert "reward was killed by SIGKILL; restarting reward in 1.0 s (restart 1 of 1)" in output.read_text(), \
+            tail(output)
         step = steps_trained(run_dir)
         wait_for(lambda: steps_trained(run_dir) > step + 1, 180, "training to go on with the new reward service",
                  up, output)
