@@ -36,8 +36,7 @@ class RunFolderBusy(RuntimeError):
 class Tether:
     """The launcher's end: the folder's lock and the pipe's write end, both held until `release()`."""
 
-    def __init__(self, run_dir: Path, lock_fd: int, read_fd: int, write_fd: int):
-        self.run_dir = run_dir
+    def __init__(self, lock_fd: int, read_fd: int, write_fd: int):
         self._lock_fd = lock_fd
         self._read_fd = read_fd
         self._write_fd = write_fd
@@ -56,7 +55,7 @@ class Tether:
             os.close(fd)
             raise RunFolderBusy(f"{run_dir} is in use by a run that is still alive: {live_holders(path)}; stop it "
                                 "(or let it finish) first, or choose another run_dir") from None
-        return cls(run_dir, fd, *os.pipe())
+        return cls(fd, *os.pipe())
 
     @property
     def pass_fds(self) -> tuple[int, int]:

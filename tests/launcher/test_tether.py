@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ def reward_service(run_dir: Path, tether: Tether) -> ServiceProcess:
 def test_a_second_claim_of_a_held_folder_names_the_live_holders(tmp_path):
     tether = Tether.hold(tmp_path)
     try:
-        with pytest.raises(RunFolderBusy, match=rf"{tmp_path} is in use .*up \(pid {os.getpid()}\)"):
+        with pytest.raises(RunFolderBusy, match=rf"{re.escape(str(tmp_path))} is in use .*up \(pid {os.getpid()}\)"):
             Tether.hold(tmp_path)
     finally:
         tether.release()
