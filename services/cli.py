@@ -10,6 +10,7 @@ from pathlib import Path
 
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.common.logs import setup_logging
+from zerobubble.launcher.tether import follow_launcher
 
 SERVICES = ("reward", "buffer", "rollout", "trainer")
 
@@ -35,6 +36,7 @@ def _overrides(args) -> list[str]:
 def cmd_serve(args) -> int:
     module = _service_module(args.service)
     config = load_config(module.CONFIG_SCHEMA, args.config, _overrides(args))
+    follow_launcher(config.server.grace_seconds)
     host = module.build(config).start()
     # One JSON line that supervisors and tests wait for; it gives the bound port when 0 was asked.
     print(json.dumps({"service": args.service, "address": host.address, "metrics_port": host.metrics_port}),

@@ -41,6 +41,7 @@ from zerobubble.launcher.commands import DEMO_CONFIG
 from zerobubble.launcher.config import UpConfig
 from zerobubble.launcher.processes import ServiceProcess
 from zerobubble.launcher.run import Run
+from zerobubble.launcher.tether import Tether
 
 WORKER_SERIES = {
     "generate_seconds": "zerobubble_rollout_batch_seconds_sum",
@@ -138,8 +139,7 @@ def first_prompts(train: Path, count: int, out: Path) -> Path:
 
 def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
     """One pipeline run to the trainer's end; its figures."""
-    run = Run(config)
-    config.run_dir.mkdir(parents=True, exist_ok=True)
+    run = Run(config, tether=Tether.hold(config.run_dir))
     try:
         trainer = run.launch(assets)
         progress = ScrapingProgress([p for p in run.services if p.service == "rollout"])

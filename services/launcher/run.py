@@ -2,7 +2,9 @@
 progress line, and a run folder (configs, logs, metrics, rollouts' evals, checkpoints, a plot).
 
 Order: reward, buffer, trainer (it hosts the weight-sync store), rollout workers. The run ends when the
-trainer finishes (exit 0); any other service exit, or a trainer failure, stops everything with an error.
+trainer finishes (exit 0). A service that dies is restarted (the trainer from its checkpoint) until its restarts
+are used up, which stops everything with an error. The services hold the run folder with the launcher and
+stop when it is gone, however it ended (tether.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from zerobubble.launcher.assets import RunAssets, prepare_assets
 from zerobubble.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.launcher.processes import ServiceFailed, ServiceProcess
 from zerobubble.launcher.progress import ProgressLine
+from zerobubble.launcher.supervisor import Supervisor
+from zerobubble.launcher.tether import RunFolderBusy, Tether
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.trainer.config import TrainerServiceConfig
@@ -42,17 +46,20 @@ class Interrupted(Exception):
 class Run:
     config: UpConfig
     resume: bool = False
+    tether: Tether | None = None
     services: list[ServiceProcess] = field(default_factory=list)
 
     @property
     def run_dir(self) -> Path:
         return self.config.run_dir
 
-    def start(self, name: str, service: str, schema, tree: dict) -> ServiceProcess:
+    def start(self, name: str, service: str, schema, tree: dict, restart_overrides: tuple[str, ...] = ()
+              ) -> ServiceProcess:
         validated(schema, tree, f"{service} section")
         path = write_yaml(self.run_dir / "configs" / f"{name}.yaml", tree)
         log.info("starting %s", name)
-        process = ServiceProcess(name, service, path, self.run_dir / "logs")
+        process = ServiceProcess(name, service, path, self.run_dir / "logs", tether=self.tether,
+                                 restart_overrides=restart_overrides)
         self.services.append(process)
         return process.start(self.config.startup_timeout_seconds)
 
@@ -85,7 +92,8 @@ class Run:
                         "accuracy_range": algorithm.filter_range},
         }, config.buffer))
         trainer = self.start("trainer", "trainer", TrainerServiceConfig,
-                             merge(trainer_tree, {"buffer": {"address": buffer.address, **TOKEN}}))
+                             merge(trainer_tree, {"buffer": {"address": buffer.address, **TOKEN}}),
+                             restart_overrides=("resume=true",))
         for i in range(pipeline.rollout_workers):
             tree = {
                 "server": SERVER, "worker_id": f"rollout-{i}", "model": {"path": assets.model},
@@ -103,22 +111,20 @@ class Run:
         return trainer
 
     def watch(self, trainer: ServiceProcess, progress: ProgressLine) -> None:
-        """Until the trainer finishes; raises ServiceFailed when any service dies first."""
-        while True:
+        """Until the trainer finishes, restarting what dies; raises ServiceFailed when a service dies with its
+        restarts used up."""
+        supervisor = Supervisor(self.services, trainer, self.config.restarts, self.config.startup_timeout_seconds)
+        while not supervisor.check():
             progress.refresh()
-            for process in self.services:
-                code = process.exit_code
-                if code is None:
-                    continue
-                if process is trainer and code == 0:
-                    return
-                raise ServiceFailed(f"{process.name} exited unexpectedly with code {code}; its log: "
-                                    f"{process.log_path}")
             time.sleep(0.5)
 
     def stop_all(self) -> None:
+        """Every service in reverse order, then the run folder is free."""
         for process in reversed(self.services):
             process.stop()
+        if self.tether is not None:
+            self.tether.release()
+            self.tether = None
 
 
 def _interrupt(signum, _frame):
@@ -126,9 +132,13 @@ def _interrupt(signum, _frame):
 
 
 def up(config: UpConfig, *, resume: bool = False, cache: Path | None = None) -> int:
-    """Run the pipeline to the end; returns the exit code (0 done, 1 a service failed, 130 interrupted)."""
-    run = Run(config, resume=resume)
-    config.run_dir.mkdir(parents=True, exist_ok=True)
+    """Run the pipeline to the end; returns the exit code (0 done, 1 a service failed or the run folder is in use,
+    130 interrupted)."""
+    try:
+        run = Run(config, resume=resume, tether=Tether.hold(config.run_dir))
+    except RunFolderBusy as exc:
+        print(f"zerobubble up: {exc}", flush=True)
+        return 1
     write_yaml(config.run_dir / "configs" / "up.yaml", config.model_dump(mode="json"))
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()

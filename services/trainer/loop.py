@@ -83,6 +83,9 @@ class TrainingLoop:
         state = self.checkpoints.load(self.strategy)
         if state is None:
             log.info("no checkpoint in %s: starting from the model", self.checkpoints.directory)
+            if self.strategy.rank == 0:
+                # A trainer that died before its first checkpoint took deliveries with it: they come again.
+                self.buffer.commit(0, resume=True, trainer_id=self.config.trainer_id)
             return
         self.step, self.policy_version = state.step, state.policy_version
         self.delivered = max(0, state.buffer_delivery)
