@@ -24,6 +24,7 @@ from sandbox_leaks import (
     sysv_read_program,
 )
 
+from zerobubble.common.config import ClientConfig
 from zerobubble.reward.client import RewardClient
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
@@ -67,12 +68,18 @@ def test_host_mounts(reward):
     assert (result.reward, result.reason) == (0.0, "wrong_answer")
 
 
-def test_memory_of_several_processes(reward, reward_host):
-    share = reward_host.reward_config.sandbox.memory_bytes * 6 // 10
-    result = score(reward, memory_program(4, share), ESCAPED)
-    assert (result.reward, result.reason) == (0.0, "memory_limit")
-    assert reward.score("code", "```python\nprint(int(input()) + 1)\n```",
-                        test_cases={"inputs": ["1\n"], "outputs": ["2\n"]}).answer_ok
+def test_memory_of_several_processes():
+    # A small bound and a long wall limit: on a loaded machine, filling memory must not run into the time limit.
+    bound = 128 * 1024 * 1024
+    app = start_reward(**{"sandbox.memory_bytes": bound, "sandbox.wall_seconds": 30.0, "sandbox.cpu_seconds": 30})
+    try:
+        with RewardClient(ClientConfig(address=app.address, timeout_seconds=120)) as reward:
+            result = score(reward, memory_program(4, bound * 6 // 10), ESCAPED)
+            assert (result.reward, result.reason) == (0.0, "memory_limit")
+            assert reward.score("code", "```python\nprint(int(input()) + 1)\n```",
+                                test_cases={"inputs": ["1\n"], "outputs": ["2\n"]}).answer_ok
+    finally:
+        app.stop(grace=1.0)
 
 
 def test_without_bubblewrap_code_is_listed_unavailable_and_refused():
