@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PROTOS := $(wildcard protos/zerobubble/v1/*.proto)
 
-.PHONY: install test lint demo protos clean compose-tool
+.PHONY: install test lint demo protos clean compose-tool sandbox-tool
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) sandbox-tool
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -31,6 +31,12 @@ compose-tool:
 	@command -v docker-compose >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		docker-compose >/dev/null); } || echo "compose-tool: docker-compose not installed; its test will skip"
+
+# bubblewrap builds the code sandbox's namespaces and root; without it the reward service turns the code verifier off.
+sandbox-tool:
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		bubblewrap >/dev/null); } || echo "sandbox-tool: bubblewrap not installed; the code verifier is off and its sandbox tests skip"
 
 # Regenerate the committed stubs after editing protos/ (tests fail while they are stale).
 protos: install

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.common.logs import setup_logging
+from zerobubble.launcher.tether import follow_launcher
 
 SERVICES = ("reward", "buffer", "rollout", "trainer")
 
@@ -38,6 +39,7 @@ def _overrides(args) -> list[str]:
 def cmd_serve(args) -> NoReturn:
     module = _service_module(args.service)
     config = load_config(module.CONFIG_SCHEMA, args.config, _overrides(args))
+    follow_launcher(config.server.grace_seconds)
     host = module.build(config).start()
     # One JSON line that supervisors and tests wait for; it gives the bound port when 0 was asked.
     print(json.dumps({"service": args.service, "address": host.address, "metrics_port": host.metrics_port}),
@@ -84,7 +86,7 @@ def _bench_transport(args) -> dict:
 # `register_bench(bench_subparsers)` whose parsers set `measure` to a function returning the figures).
 COMMAND_MODULES = ("zerobubble.tiny.commands", "zerobubble.launcher.commands", "zerobubble.runs.plot")
 BENCH_MODULES = ("zerobubble.reward.bench", "zerobubble.trainer.bench_weights", "zerobubble.rollout.bench",
-                 "zerobubble.launcher.bench_pipeline")
+                 "zerobubble.launcher.bench_pipeline", "zerobubble.launcher.bench_gpu")
 
 
 def build_parser() -> argparse.ArgumentParser:

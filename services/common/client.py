@@ -3,6 +3,7 @@ backoff on UNAVAILABLE only (any other status is an answer and is returned at on
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import grpc
 from zerobubble.common.config import ClientConfig
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def open_channel(config: ClientConfig) -> grpc.Channel:
@@ -63,9 +65,12 @@ class ServiceClient:
 
     def __init__(self, config: ClientConfig | str):
         self.config = ClientConfig(address=config) if isinstance(config, str) else config
+        token = self.config.bearer_token()
+        if warning := self.config.exposure(token):
+            log.warning(warning)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.channel = open_channel(self.config)
         self.stub = self.stub_class(self.channel)
-        self.metadata = (("authorization", f"Bearer {self.config.auth_token}"),) if self.config.auth_token else ()
 
     def unary(self, method: str, request: Any, *, timeout: float | None = None, retry: bool = True) -> Any:
         """A unary call with a deadline; UNAVAILABLE is retried for `retry_seconds`."""

@@ -5,11 +5,19 @@ Every default lives in the schema classes; YAML files in configs/ only say what 
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# The variable `zerobubble up` hands its per-run token to its services in; also a name for deployments to use.
+TOKEN_ENV = "ZEROBUBBLE_AUTH_TOKEN"
+# gRPC metadata values are printable ASCII; a space would also split the "Bearer <token>" header.
+_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
 
 
 class ConfigError(ValueError):
@@ -37,7 +45,62 @@ class TLSConfig(Schema):
         return self.cert is not None or self.ca is not None
 
 
-class ServerConfig(Schema):
+class BearerToken(Schema):
+    """Where the bearer token comes from: at most one of the three. The file and the variable are read when
+    the server or client is built, so a config file never holds the secret and can be shared."""
+
+    auth_token: str | None = Field(None, description="a server requires 'authorization: Bearer <token>' of every "
+                                   "call but health checks, a client sends it; prefer auth_token_file or _env")
+    auth_token_file: Path | None = Field(None, description="read the token from this file (e.g. a docker secret)")
+    auth_token_env: str | None = Field(None, min_length=1, description="read the token from this environment variable")
+
+    @field_validator("auth_token")
+    @classmethod
+    def _sendable(cls, value: str | None) -> str | None:
+        if value is not None and not _TOKEN_CHARS.fullmatch(value):
+            raise ValueError("must be printable ASCII without spaces")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> BearerToken:
+        given = [name for name in ("auth_token", "auth_token_file", "auth_token_env")
+                 if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)}: give at most one source of the bearer token")
+        return self
+
+    def bearer_token(self) -> str | None:
+        """The token, or None when none is configured; ConfigError names the field whose source fails."""
+        if self.auth_token_file is not None:
+            field, source = "auth_token_file", self.auth_token_file
+            try:
+                token = self.auth_token_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"auth_token_file: cannot read {source}: {exc.strerror}") from None
+        elif self.auth_token_env is not None:
+            field, source = "auth_token_env", f"${self.auth_token_env}"
+            token = os.environ.get(self.auth_token_env, "").strip()
+        else:
+            return self.auth_token
+        if not token:
+            raise ConfigError(f"{field}: {source} is empty or not set")
+        if not _TOKEN_CHARS.fullmatch(token):
+            raise ConfigError(f"{field}: the token in {source} must be printable ASCII without spaces")
+        return token
+
+
+def is_loopback(address: str) -> bool:
+    """Whether HOST:PORT stays on this machine."""
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ServerConfig(BearerToken):
     listen: str = "127.0.0.1:0"
     metrics_port: int | None = Field(0, description="Prometheus /metrics port; 0 picks one, null disables")
     metrics_host: str = "127.0.0.1"
@@ -47,7 +110,6 @@ class ServerConfig(Schema):
     grace_seconds: float = Field(10.0, ge=0, description="on SIGTERM, how long in-flight calls may finish; "
                                  "those still open then are cancelled")
     tls: TLSConfig = TLSConfig()
-    auth_token: str | None = Field(None, description="if set, calls must send 'authorization: Bearer <token>'")
 
     @field_validator("listen")
     @classmethod
@@ -57,16 +119,34 @@ class ServerConfig(Schema):
             raise ValueError(f"expected HOST:PORT, got {value!r}")
         return value
 
+    def exposure(self, token: str | None) -> str | None:
+        """What to warn about at start when other machines can reach this server: no token, or a token in clear."""
+        if is_loopback(self.listen):
+            return None
+        if token is None:
+            return (f"{self.listen} answers every caller that reaches it: no bearer token is set "
+                    f"(server.auth_token_file or server.auth_token_env)")
+        if self.tls.cert is None:
+            return (f"the bearer token reaches {self.listen} unencrypted, so anyone on the network path can read "
+                    f"and replay it: set server.tls.cert and server.tls.key")
+        return None
 
-class ClientConfig(Schema):
-    """How one service calls another."""
+
+class ClientConfig(BearerToken):
+    """How one service calls another; the bearer token, when one is given, goes with every call."""
 
     address: str = "127.0.0.1:50051"
     timeout_seconds: float = Field(30.0, gt=0, description="deadline of each call")
     retry_seconds: float = Field(60.0, ge=0, description="keep retrying UNAVAILABLE for this long")
     max_message_bytes: int = Field(64 * 1024 * 1024, gt=0)
     tls: TLSConfig = TLSConfig()
-    auth_token: str | None = None
+
+    def exposure(self, token: str | None) -> str | None:
+        """What to warn about when this client sends its token in clear over a network."""
+        if token is None or self.tls.enabled or is_loopback(self.address):
+            return None
+        return (f"the bearer token goes to {self.address} unencrypted, so anyone on the network path can read and "
+                f"replay it: set tls.ca")
 
 
 S = TypeVar("S", bound=BaseModel)

@@ -29,3 +29,11 @@ class NotFound(ServiceError):
 
 class Unavailable(ServiceError):
     """A needed facility is unavailable on this host (FAILED_PRECONDITION)."""
+
+
+def check_size(text: str, limit: int, field: str, setting: str) -> None:
+    """Raise TooLarge when `text` takes more than `limit` UTF-8 bytes (what the wire and any copy of it cost),
+    naming the field and the setting that bounds it."""
+    size = len(text.encode())
+    if size > limit:
+        raise TooLarge(f"{size} bytes exceed the limit of {limit} ({setting})", field)

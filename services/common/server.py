@@ -210,6 +210,9 @@ class ServiceHost:
         self._stopped = threading.Event()
         self._exit = threading.Event()
         self.exit_code = 0
+        self._token = config.bearer_token()
+        if warning := config.exposure(self._token):
+            log.warning("%s: %s", name, warning)
         self._pool = ThreadPoolExecutor(config.max_workers, thread_name_prefix=f"{name}-rpc")
         self._grpc_loop: asyncio.AbstractEventLoop | None = None
         self._grpc_thread: threading.Thread | None = None
@@ -254,7 +257,7 @@ class ServiceHost:
 
     async def _start(self, credentials: grpc.ServerCredentials | None) -> None:
         limit = self.config.max_message_bytes
-        interceptors = [BearerTokenCheck(self.config.auth_token)] if self.config.auth_token else []
+        interceptors = [BearerTokenCheck(self._token)] if self._token else []
         self._server = grpc.aio.server(
             migration_thread_pool=self._pool,
             interceptors=[*interceptors, ThreadedStreams(self._pool)],

@@ -3,10 +3,12 @@ buckets and viewing them back, the store keys of the membership protocol, and fo
 group per group epoch straight from the trainer's TCPStore (never the global default group).
 
 The protocol (trainer = rank 0, see zerobubble.trainer.broadcaster for its side):
-- a worker joins over gRPC and is a member from the next publish on; closing its watch stream leaves;
+- a worker joins over gRPC (authenticated like every call, at most `max_members` of them) and is a member
+  from the next publish on; closing its watch stream leaves;
 - an announcement with a new group epoch names every member's rank; each member writes
   `arrived_key`, waits for `go_key` ("go" or "abort"), and only then builds the group, so a member
-  that never arrives costs the others one arrival window and no gloo timeout;
+  that never arrives costs the others one arrival window (`formation_timeout_s`) and no gloo timeout;
+  it is dropped, and the version goes to the others in a new epoch right after;
 - after receiving every bucket of a version a member writes `done_key` ("ok", or "failed" when its
   receive broke); unless every member said "ok" within `member_timeout_s`, the trainer re-forms the
   group (whoever does not arrive is dropped: dead or stalled) and sends that version again;

@@ -41,6 +41,7 @@ from zerobubble.launcher.commands import DEMO_CONFIG
 from zerobubble.launcher.config import UpConfig
 from zerobubble.launcher.processes import ServiceProcess
 from zerobubble.launcher.run import Run
+from zerobubble.launcher.tether import Tether
 
 WORKER_SERIES = {
     "generate_seconds": "zerobubble_rollout_batch_seconds_sum",
@@ -138,15 +139,14 @@ def first_prompts(train: Path, count: int, out: Path) -> Path:
 
 def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
     """One pipeline run to the trainer's end; its figures."""
-    run = Run(config)
-    config.run_dir.mkdir(parents=True, exist_ok=True)
+    run = Run(config, tether=Tether.hold(config.run_dir))
     try:
         trainer = run.launch(assets)
         progress = ScrapingProgress([p for p in run.services if p.service == "rollout"])
         run.watch(trainer, progress)
         progress.refresh()
         buffer = next(p for p in run.services if p.service == "buffer")
-        with BufferClient(buffer.address) as client:
+        with BufferClient(run.client_config(buffer)) as client:
             stats = client.stats()
     finally:
         run.stop_all()
@@ -163,6 +163,7 @@ def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
 
 def bench_pipeline(*, prompts: int = 64, epochs: int = 1, workers: int = 1, max_new_tokens: int = 16,
                    async_staleness: int = 4, groups_per_step: int | None = None, warm_start_steps: int | None = None,
+                   tiny_size: str | None = None,
                    cache: Path = Path("runs/.assets"), workdir: Path | None = None) -> dict[str, Any]:
     """Both modes of the demo pipeline on the first `prompts` prompts of its task, `epochs` passes; the figures
     as a JSON-able dict. `cache` holds the (warm-started) tiny model between runs, as it does for `zerobubble up`."""
@@ -176,6 +177,8 @@ def bench_pipeline(*, prompts: int = 64, epochs: int = 1, workers: int = 1, max_
         overrides["trainer.batch.groups_per_step"] = groups_per_step
     if warm_start_steps is not None:
         overrides["tiny_model.warm_start_steps"] = warm_start_steps
+    if tiny_size is not None:
+        overrides["tiny_model.size"] = tiny_size
     figures: dict[str, Any] = {"benchmark": "pipeline", "prompts": prompts, "epochs": epochs,
                                "rollout_workers": workers, "max_new_tokens": max_new_tokens}
     if workdir is not None:
@@ -211,6 +214,7 @@ def register_bench(benches) -> None:
     parser.add_argument("--async-staleness", type=int, default=4, help="max_staleness of the asynchronous run")
     parser.add_argument("--groups-per-step", type=int, help="groups per training step (default: the demo's)")
     parser.add_argument("--warm-start-steps", type=int, help="supervised steps of the tiny model (default: the demo's)")
+    parser.add_argument("--tiny-size", help="size of the tiny model (default: the demo's)")
     parser.add_argument("--cache", type=Path, default=Path("runs/.assets"),
                         help="where the tiny model and task are kept between runs (as for `zerobubble up`)")
     parser.add_argument("--workdir", type=Path,
@@ -218,4 +222,4 @@ def register_bench(benches) -> None:
     parser.set_defaults(measure=lambda args: bench_pipeline(
         prompts=args.prompts, epochs=args.epochs, workers=args.workers, max_new_tokens=args.max_new_tokens,
         async_staleness=args.async_staleness, groups_per_step=args.groups_per_step,
-        warm_start_steps=args.warm_start_steps, cache=args.cache, workdir=args.workdir))
+        warm_start_steps=args.warm_start_steps, tiny_size=args.tiny_size, cache=args.cache, workdir=args.workdir))

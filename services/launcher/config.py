@@ -39,6 +39,18 @@ class PipelineConfig(Schema):
                                       "cores, and oversubscribed torch threads slow each other down many times")
 
 
+class RestartsConfig(Schema):
+    max_per_service: int = Field(3, ge=0, description="times a service that dies is started again before the run "
+                                 "stops (0: the first death stops it)")
+    backoff_seconds: float = Field(1.0, gt=0, description="pause before a service's first restart; it doubles "
+                                   "with each further one")
+    max_backoff_seconds: float = Field(30.0, gt=0, description="the longest pause before a restart")
+
+    def pause_before(self, restart: int) -> float:
+        """Seconds to wait before a service's `restart`-th restart (1 is the first)."""
+        return min(self.max_backoff_seconds, self.backoff_seconds * 2 ** (restart - 1))
+
+
 class UpConfig(Schema):
     run_dir: Path = Field(Path("runs/demo"), description="everything the run writes")
     model: Path | None = Field(None, description="an HF model folder; null: make the tiny model (cached)")
@@ -48,6 +60,7 @@ class UpConfig(Schema):
     task: ArithmeticTask = ArithmeticTask()
     pipeline: PipelineConfig = PipelineConfig()
     startup_timeout_seconds: float = Field(300.0, gt=0)
+    restarts: RestartsConfig = RestartsConfig()
     final_eval: bool = Field(True, description="evaluate the last checkpoint after training")
     reward: dict[str, Any] = Field(default_factory=dict, description="fields of the reward service config")
     buffer: dict[str, Any] = Field(default_factory=dict, description="fields of the buffer service config")

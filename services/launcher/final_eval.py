@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from zerobubble.common.config import load_config
+from zerobubble.common.config import ClientConfig, load_config
 from zerobubble.launcher.config import UpConfig
 from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
@@ -18,7 +18,8 @@ from zerobubble.rollout.prompting import PromptBuilder, system_prompt
 from zerobubble.trainer.checkpoints import STATE_FILE, latest_checkpoint
 
 
-def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_address: str, up: UpConfig) -> dict | None:
+def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_service: ClientConfig | str,
+                        up: UpConfig) -> dict | None:
     checkpoint = latest_checkpoint(run_dir / "trainer" / "checkpoints")
     if checkpoint is None:
         return None
@@ -33,7 +34,7 @@ def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_address: str, up:
     prompts = PromptBuilder(engine.tokenizer, system_prompt(rollout.reward.verifier, rollout.reward.system_prompt),
                             rollout.generation.max_prompt_tokens)
     eval_config = rollout.eval.model_copy(update={"datasets": {"heldout": eval_data}})
-    with RewardClient(reward_address) as reward:
+    with RewardClient(reward_service) as reward:
         evaluator = Evaluator(eval_config, prompts=prompts, reward=reward, verifier=rollout.reward.verifier,
                               metrics=RolloutMetrics(CollectorRegistry()),
                               max_new_tokens=up.pipeline.max_new_tokens, stop=tuple(rollout.generation.stop),

@@ -9,10 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from zerobubble.launcher.tether import Tether
 
 
 class ServiceFailed(RuntimeError):
@@ -20,30 +23,44 @@ class ServiceFailed(RuntimeError):
 
 
 class ServiceProcess:
-    """`zerobubble serve NAME --config FILE` as a child process; its log goes to LOG_DIR/NAME.log."""
+    """`zerobubble serve NAME --config FILE` as a child process; its log goes to LOG_DIR/NAME.log.
 
-    def __init__(self, name: str, service: str, config_path: Path, log_dir: Path):
+    With a `tether` the service holds the run folder with the launcher and stops when the launcher is gone.
+    `restart_overrides` are `--set` items a restart adds (a trainer resumes from its checkpoint)."""
+
+    def __init__(self, name: str, service: str, config_path: Path, log_dir: Path, *, tether: Tether | None = None,
+                 restart_overrides: Sequence[str] = ()):
         self.name = name
         self.service = service
         self.config_path = config_path
         self.log_path = log_dir / f"{name}.log"
+        self.tether = tether
+        self.restart_overrides = tuple(restart_overrides)
         self.address = ""
         self.metrics_port: int | None = None
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float) -> ServiceProcess:
+    def start(self, timeout: float, extra: Sequence[str] = ()) -> ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        command = [sys.executable, "-m", "zerobubble.cli", "serve", self.service, "--config", str(self.config_path)]
+        command = [sys.executable, "-m", "zerobubble.cli", "serve", self.service, "--config", str(self.config_path),
+                   *extra]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.tether.env if self.tether else {})}
         # Children get their own process group so a Ctrl-C reaches the launcher alone, which then stops
         # them in order instead of all at once.
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                        env=env, pass_fds=self.tether.pass_fds if self.tether else ())
+        if self.tether is not None:
+            self.tether.record(self.name, self.process.pid)
         ready = self._read_ready_line(timeout)
         self.address, self.metrics_port = ready["address"], ready["metrics_port"]
         threading.Thread(target=self._drain, args=(log,), daemon=True).start()
         self.wait_healthy(timeout)
         return self
+
+    def restart(self, timeout: float) -> ServiceProcess:
+        """Start it again after it died, at the address its peers were given."""
+        return self.start(timeout, ["--listen", self.address, *(f"--set={item}" for item in self.restart_overrides)])
 
     def _read_ready_line(self, timeout: float) -> dict:
         box: list[bytes] = []
@@ -61,9 +78,10 @@ class ServiceProcess:
             raise ServiceFailed(f"{self.name} printed {box[0][:200]!r} instead of its address") from None
 
     def _drain(self, log) -> None:
-        for line in self.process.stdout:
-            log.write(line)
-            log.flush()
+        with log:
+            for line in self.process.stdout:
+                log.write(line)
+                log.flush()
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -2,30 +2,40 @@
 progress line, and a run folder (configs, logs, metrics, rollouts' evals, checkpoints, a plot).
 
 Order: reward, buffer, trainer (it hosts the weight-sync store), rollout workers. The run ends when the
-trainer finishes (exit 0); any other service exit, or a trainer failure, stops everything with an error.
+trainer finishes (exit 0). A service that dies is restarted (the trainer from its checkpoint) until its restarts
+are used up, which stops everything with an error. The services hold the run folder with the launcher and
+stop when it is gone, however it ended (tether.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerobubble.buffer.config import BufferServiceConfig
-from zerobubble.common.config import ConfigError
+from zerobubble.common.config import TOKEN_ENV, ClientConfig, ConfigError
 from zerobubble.launcher.assets import RunAssets, prepare_assets
 from zerobubble.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.launcher.processes import ServiceFailed, ServiceProcess
 from zerobubble.launcher.progress import ProgressLine
+from zerobubble.launcher.supervisor import Supervisor
+from zerobubble.launcher.tether import RunFolderBusy, Tether
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.trainer.config import TrainerServiceConfig
 
 log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1:0"
+# Other users of this machine reach loopback ports too: every service of a run requires the run's token, which
+# the services (processes started by this one) read from the environment.
+TOKEN = {"auth_token_env": TOKEN_ENV}
+SERVER = {"listen": LOOPBACK, **TOKEN}
 
 
 class Interrupted(Exception):
@@ -36,27 +46,36 @@ class Interrupted(Exception):
 class Run:
     config: UpConfig
     resume: bool = False
+    tether: Tether | None = None
     services: list[ServiceProcess] = field(default_factory=list)
 
     @property
     def run_dir(self) -> Path:
         return self.config.run_dir
 
-    def start(self, name: str, service: str, schema, tree: dict) -> ServiceProcess:
+    def start(self, name: str, service: str, schema, tree: dict, restart_overrides: tuple[str, ...] = ()
+              ) -> ServiceProcess:
         validated(schema, tree, f"{service} section")
         path = write_yaml(self.run_dir / "configs" / f"{name}.yaml", tree)
         log.info("starting %s", name)
-        process = ServiceProcess(name, service, path, self.run_dir / "logs")
+        process = ServiceProcess(name, service, path, self.run_dir / "logs", tether=self.tether,
+                                 restart_overrides=restart_overrides)
         self.services.append(process)
         return process.start(self.config.startup_timeout_seconds)
 
+    def client_config(self, process: ServiceProcess) -> ClientConfig:
+        """How this process calls one of the run's services."""
+        return ClientConfig(address=process.address, **TOKEN)
+
     def launch(self, assets: RunAssets) -> ServiceProcess:
-        """Start every service in order; returns the trainer."""
+        """Start every service in order; returns the trainer. The run's token is $ZEROBUBBLE_AUTH_TOKEN when set
+        (so other tools can call the services), else a new random one."""
+        os.environ.setdefault(TOKEN_ENV, secrets.token_urlsafe(32))
         config, pipeline = self.config, self.config.pipeline
         reward = self.start("reward", "reward", RewardServiceConfig, merge(
-            {"server": {"listen": LOOPBACK}, "math": {"workers": 1}}, config.reward))
+            {"server": SERVER, "math": {"workers": 1}}, config.reward))
         trainer_tree = merge({
-            "server": {"listen": LOOPBACK}, "model": assets.model, "run_dir": self.run_dir / "trainer",
+            "server": SERVER, "model": assets.model, "run_dir": self.run_dir / "trainer",
             "resume": self.resume, "batch": {"max_new_tokens": pipeline.max_new_tokens},
             "torch_threads": pipeline.torch_threads,
         }, config.trainer)
@@ -64,7 +83,7 @@ class Run:
         algorithm = trainer_config.algorithm_config()
         queued_steps = 1 if pipeline.max_staleness == 0 else 2
         buffer = self.start("buffer", "buffer", BufferServiceConfig, merge({
-            "server": {"listen": LOOPBACK}, "prompts": {"path": assets.train},
+            "server": SERVER, "prompts": {"path": assets.train},
             # Workers stop leasing when two steps of groups wait (one, strictly on-policy): generating further
             # ahead would only make samples the staleness bound throws away.
             "capacity": {"max_groups": queued_steps * trainer_config.batch.groups_per_step},
@@ -73,14 +92,15 @@ class Run:
                         "accuracy_range": algorithm.filter_range},
         }, config.buffer))
         trainer = self.start("trainer", "trainer", TrainerServiceConfig,
-                             merge(trainer_tree, {"buffer": {"address": buffer.address}}))
+                             merge(trainer_tree, {"buffer": {"address": buffer.address, **TOKEN}}),
+                             restart_overrides=("resume=true",))
         for i in range(pipeline.rollout_workers):
             tree = {
-                "server": {"listen": LOOPBACK}, "worker_id": f"rollout-{i}", "model": {"path": assets.model},
+                "server": SERVER, "worker_id": f"rollout-{i}", "model": {"path": assets.model},
                 "generation": {"num_generations": pipeline.num_generations,
                                "max_new_tokens": pipeline.max_new_tokens, "seed": 1000 * i},
-                "buffer": {"address": buffer.address}, "reward_service": {"address": reward.address},
-                "trainer": {"address": trainer.address}, "torch_threads": pipeline.torch_threads,
+                "buffer": {"address": buffer.address, **TOKEN}, "reward_service": {"address": reward.address, **TOKEN},
+                "trainer": {"address": trainer.address, **TOKEN}, "torch_threads": pipeline.torch_threads,
                 "max_policy_lag": pipeline.max_staleness,
             }
             if i == 0 and assets.eval is not None:
@@ -91,22 +111,20 @@ class Run:
         return trainer
 
     def watch(self, trainer: ServiceProcess, progress: ProgressLine) -> None:
-        """Until the trainer finishes; raises ServiceFailed when any service dies first."""
-        while True:
+        """Until the trainer finishes, restarting what dies; raises ServiceFailed when a service dies with its
+        restarts used up."""
+        supervisor = Supervisor(self.services, trainer, self.config.restarts, self.config.startup_timeout_seconds)
+        while not supervisor.check():
             progress.refresh()
-            for process in self.services:
-                code = process.exit_code
-                if code is None:
-                    continue
-                if process is trainer and code == 0:
-                    return
-                raise ServiceFailed(f"{process.name} exited unexpectedly with code {code}; its log: "
-                                    f"{process.log_path}")
             time.sleep(0.5)
 
     def stop_all(self) -> None:
+        """Every service in reverse order, then the run folder is free."""
         for process in reversed(self.services):
             process.stop()
+        if self.tether is not None:
+            self.tether.release()
+            self.tether = None
 
 
 def _interrupt(signum, _frame):
@@ -114,9 +132,13 @@ def _interrupt(signum, _frame):
 
 
 def up(config: UpConfig, *, resume: bool = False, cache: Path | None = None) -> int:
-    """Run the pipeline to the end; returns the exit code (0 done, 1 a service failed, 130 interrupted)."""
-    run = Run(config, resume=resume)
-    config.run_dir.mkdir(parents=True, exist_ok=True)
+    """Run the pipeline to the end; returns the exit code (0 done, 1 a service failed or the run folder is in use,
+    130 interrupted)."""
+    try:
+        run = Run(config, resume=resume, tether=Tether.hold(config.run_dir))
+    except RunFolderBusy as exc:
+        print(f"zerobubble up: {exc}", flush=True)
+        return 1
     write_yaml(config.run_dir / "configs" / "up.yaml", config.model_dump(mode="json"))
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
@@ -153,7 +175,7 @@ def final_eval(run: Run, assets: RunAssets) -> None:
     from zerobubble.launcher.final_eval import evaluate_checkpoint
 
     reward = next(p for p in run.services if p.service == "reward")
-    evaluate_checkpoint(run.run_dir, assets.eval, reward.address, run.config)
+    evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward), run.config)
 
 
 def finish(run_dir: Path, seconds: float) -> dict:

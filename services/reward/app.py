@@ -30,13 +30,11 @@ class RewardHost(ServiceHost):
         verifiers = {v.name: v for v in (boxed_verifier(self.pool), think_answer_verifier(self.pool))}
         unavailable = {}
         isolation = self.sandbox.isolation
-        if isolation.full or not config.sandbox.require_isolation:
+        if isolation.full:
             verifiers["code"] = CodeVerifier(self.sandbox)
-            if not isolation.full:
-                log.warning("code runs with reduced isolation: %s", isolation.reason)
         else:
             unavailable["code"] = f"code sandbox unavailable: {isolation.reason}"
-            log.warning("%s; the code verifier is off (sandbox.require_isolation)", unavailable["code"])
+            log.warning("%s; the code verifier is off", unavailable["code"])
         metrics = RewardMetrics(self.registry)
         metrics.expose({
             "zerobubble_reward_sandbox_kills": ("program trees killed by the sandbox", lambda: self.sandbox.kills),
@@ -56,6 +54,7 @@ class RewardHost(ServiceHost):
         super().stop(grace)
         self.scorer.close()
         self.pool.close()
+        self.sandbox.close()
 
 
 def build(config: RewardServiceConfig) -> RewardHost:

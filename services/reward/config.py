@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from pydantic import Field, model_validator
 
@@ -26,28 +25,32 @@ class MathConfig(Schema):
 class SandboxConfig(Schema):
     """Limits and isolation for running submitted programs (see README, 'Code sandbox')."""
 
-    python: str = Field("python3", description="interpreter that runs submitted programs")
-    workdir_root: Path | None = Field(None, description="where fresh working directories are made")
+    python: str = Field("python3", description="interpreter that runs submitted programs; it and its "
+                        "libraries must live under /usr, the only host folder a program sees")
+    bwrap: str = Field("bwrap", description="bubblewrap, which builds each run's namespaces and root (a path "
+                       "or a name on PATH); without it the code verifier is off")
     slots: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0,
-                       description="programs run at once; each slot has its own user id")
+                       description="programs run at once; each slot has its own user id and memory cgroup")
     uid_base: int = Field(61000, ge=1000, description="slot i runs as uid/gid uid_base + i")
     wall_seconds: float = Field(10.0, gt=0)
     cpu_seconds: int = Field(10, gt=0)
-    memory_bytes: int = Field(512 * 1024 * 1024, gt=0, description="address-space limit")
+    memory_bytes: int = Field(512 * 1024 * 1024, gt=0, description="memory of a whole run (a cgroup: all its "
+                              "processes, its files in /tmp, its shared memory), and each process's address space")
     max_processes: int = Field(16, gt=0, description="processes the slot's user may own")
     max_file_bytes: int = Field(16 * 1024 * 1024, ge=0, description="largest file it may write")
     max_output_bytes: int = Field(1024 * 1024, gt=0, description="stdout and stderr are cut (and the run "
                                   "killed) past this")
     max_open_files: int = Field(64, gt=3)
-    require_isolation: bool = Field(True, description="refuse to run code when namespaces or a separate "
-                                    "user cannot be had, instead of running with less isolation")
 
 
 class LimitsConfig(Schema):
-    max_response_chars: int = Field(256 * 1024, gt=0)
-    max_answer_chars: int = Field(16 * 1024, gt=0)
+    """Sizes are UTF-8 bytes, as the wire counts them."""
+
+    max_response_bytes: int = Field(256 * 1024, gt=0)
+    max_answer_bytes: int = Field(16 * 1024, gt=0, description="the ground-truth answer")
+    max_id_bytes: int = Field(1024, gt=0, description="an item's id, which comes back in its result")
     max_test_cases: int = Field(256, gt=0)
-    max_test_bytes: int = Field(16 * 1024 * 1024, gt=0, description="all inputs and outputs of one request")
+    max_test_bytes: int = Field(16 * 1024 * 1024, gt=0, description="all test inputs and outputs of one item")
     max_batch_items: int = Field(4096, gt=0)
     max_pending_items: int = Field(8192, gt=0, description="items accepted but not finished; beyond "
                                    "this new work is refused with RESOURCE_EXHAUSTED")

@@ -1,35 +1,53 @@
 """Runs untrusted Python programs for the code reward, each in a fresh, locked-down process tree.
 
-A run takes a slot (slot i runs as uid = gid = uid_base + i, so process limits are per run), writes the
-program into a fresh working directory and starts sandbox_entry.py, which isolates the program
-(namespaces, read-only filesystem, rlimits, dropped privileges) and executes it. This side feeds stdin,
-collects output up to a cap, enforces the wall-clock limit and classifies the outcome.
+A run takes a slot: slot i runs as uid = gid = uid_base + i (so process limits are per run) in a memory
+cgroup of its own (so the kernel bounds the memory of all the run's processes together, with what they
+keep in /tmp and in shared memory). bubblewrap builds the run's world: new mount, pid, network, IPC, UTS
+and cgroup namespaces, and a root holding only /usr read-only (the interpreter and its libraries), a fresh
+/proc and /dev, and a private /tmp with the program. sandbox_entry.py, started in there, applies the
+per-process limits and starts the program under the slot's uid. This side feeds stdin, collects output up
+to a cap, enforces the wall-clock limit and classifies the outcome.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import itertools
+import logging
 import os
 import queue
 import selectors
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from zerobubble.reward.config import SandboxConfig
 
+log = logging.getLogger(__name__)
+
 _ENTRY = str(Path(__file__).with_name("sandbox_entry.py"))
+_ENTRY_INSIDE = "/sandbox_entry.py"
 _PATH = "/usr/bin:/bin"  # the programs' PATH, also where a bare interpreter name is looked up
+_ENV = {"PATH": _PATH, "LANG": "C.UTF-8", "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
 _CHUNK = 64 * 1024
 _STATUS_CAP = 64 * 1024  # the launcher's own report is a few short lines
 _PROBE_SOURCE = 'print("ok")'
-# Run as a slot's uid, kill(-1) reaches exactly the processes that uid owns (and never the caller).
-_KILL_ALL = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass"
+# The launcher joins the slot's cgroup before it becomes bubblewrap, so every process of the run is in it.
+_JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
+# Namespaces of its own for all but users (the slot uids are real uids, so that the host's process and file
+# checks apply to them), and no capability but the two that sandbox_entry.py needs to change user.
+_ISOLATION = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup",
+              "--die-with-parent", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID")
+_CGROUP_PREFIX = "zerobubble-sandbox-"  # then the service's pid and the sandbox's number in it
+_SANDBOX_NUMBERS = itertools.count()
+_EMPTY_SECONDS = 5.0  # for what a run leaves in its cgroup (killed processes, shared memory) to go
 
 
 @dataclass(frozen=True)
@@ -52,55 +70,56 @@ class TestReport:
 
 @dataclass(frozen=True)
 class Isolation:
-    namespaces: bool  # mount, network and pid namespaces, read-only filesystem, private /proc
-    separate_user: bool  # running as root, so programs run as the slot uids
-    reason: str  # "" with full isolation, else what is missing
+    missing: tuple[str, ...] = ()  # what this machine lacks to run programs sandboxed
 
     @property
     def full(self) -> bool:
-        return self.namespaces and self.separate_user
+        return not self.missing
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.missing)
 
 
 class SandboxUnavailable(RuntimeError):
-    """Full isolation is required but cannot be had; the message says why."""
+    """Programs cannot run sandboxed here; the message says why."""
 
 
 @dataclass(frozen=True)
 class _Report:
     """What the launcher wrote on its status pipe."""
 
-    failures: list[str]
     error: str
     exit_code: int | None
     cpu_seconds: float
 
     @classmethod
     def parse(cls, raw: bytes) -> _Report:
-        failures, error, exit_code, cpu = [], "", None, 0.0
+        error, exit_code, cpu = "", None, 0.0
         for line in raw.decode(errors="replace").splitlines():
             kind, _, rest = line.partition(" ")
-            if kind == "fail":
-                failures.append(rest)
-            elif kind == "error" and not error:
+            if kind == "error" and not error:
                 error = rest
             elif kind == "exit":
                 code, cpu_text = rest.split()
                 exit_code, cpu = int(code), float(cpu_text)
-        return cls(failures, error, exit_code, cpu)
+        return cls(error, exit_code, cpu)
 
 
 class CodeSandbox:
     def __init__(self, config: SandboxConfig):
-        """Probes what isolation this machine allows. Raises SandboxUnavailable when even the probe's
-        trivial program cannot run (no interpreter, a working directory its user cannot reach...)."""
+        """Finds out whether programs can run sandboxed here (`isolation` says what is missing) and makes
+        the slots' cgroups; `close()` removes them."""
         self.config = config
-        self._root = os.geteuid() == 0
         self.python = config.python if os.sep in config.python else shutil.which(config.python, path=_PATH)
+        self.bwrap = shutil.which(config.bwrap)
+        self._root = _root_args()
         self._slots: queue.SimpleQueue[int] = queue.SimpleQueue()
         for slot in range(config.slots):
             self._slots.put(slot)
         self._lock = threading.Lock()
         self._kills = 0
+        self.cgroups: SlotCgroups | None = None
         self.isolation = self._probe()
 
     @property
@@ -111,10 +130,9 @@ class CodeSandbox:
 
     def run(self, source: str, stdin: str) -> RunResult:
         """Runs one program on one input; blocks until a slot is free."""
-        if not self.isolation.full and self.config.require_isolation:
+        if not self.isolation.full:
             raise SandboxUnavailable(self.isolation.reason)
-        result, _ = self._run(source, stdin, "require" if self.isolation.namespaces else "off")
-        return result
+        return self._run(source, stdin)
 
     def run_tests(self, source: str, inputs: list[str], outputs: list[str], *,
                   stop_at_first_failure: bool) -> TestReport:
@@ -132,58 +150,73 @@ class CodeSandbox:
                 break
         return TestReport(passed=passed, total=len(inputs), status=status)
 
+    def close(self) -> None:
+        """Kills the runs in progress and removes the slots' cgroups once they have ended; later runs are
+        refused."""
+        self.isolation = Isolation(("the sandbox is closed",))
+        if self.cgroups is None or self.cgroups.closed:
+            return
+        held = []
+        deadline = time.monotonic() + _EMPTY_SECONDS
+        while len(held) < self.config.slots and time.monotonic() < deadline:
+            self.cgroups.kill_all()
+            with contextlib.suppress(queue.Empty):
+                held.append(self._slots.get(timeout=0.05))
+        self.cgroups.close()
+        for slot in held:  # a run that got past the check before the close fails at once, not waits forever
+            self._slots.put(slot)
+
     def _probe(self) -> Isolation:
-        """Runs a trivial program with every isolation step tried, and records what failed."""
+        missing = []
+        if os.geteuid() != 0:
+            missing.append("not running as root, so programs cannot run under their own user ids")
         if self.python is None:
-            raise SandboxUnavailable(f"interpreter {self.config.python!r} not found on {_PATH}")
-        result, failures = self._run(_PROBE_SOURCE, "", "try")
+            missing.append(f"interpreter {self.config.python!r} not found on {_PATH}")
+        if self.bwrap is None:
+            missing.append(f"bubblewrap ({self.config.bwrap!r}) is not installed (apt-get install bubblewrap)")
+        if missing:
+            return Isolation(tuple(missing))
+        try:
+            self.cgroups = SlotCgroups(self.config.slots, self.config.memory_bytes)
+        except (OSError, SandboxUnavailable) as exc:
+            return Isolation((f"no memory cgroup for the runs: {exc}",))
+        result = self._run(_PROBE_SOURCE, "")
         if (result.status, result.stdout) != ("ok", "ok\n"):
             detail = result.stderr.strip()[-500:]
-            raise SandboxUnavailable(f"the probe program failed ({result.status}): {detail}")
-        user = [] if self._root else ["not running as root, so programs cannot run under their own user ids"]
-        return Isolation(namespaces=not failures, separate_user=self._root, reason="; ".join(failures + user))
+            return Isolation((f"the probe program failed ({result.status}): {detail}",))
+        return Isolation()
 
-    def _run(self, source: str, stdin: str, mode: str) -> tuple[RunResult, list[str]]:
+    def _run(self, source: str, stdin: str) -> RunResult:
         slot = self._slots.get()
         try:
-            uid = self.config.uid_base + slot if self._root else None
-            workdir = tempfile.mkdtemp(prefix="zb-run-", dir=self.config.workdir_root)
-            try:
-                program = os.path.join(workdir, "main.py")
-                with open(program, "w", encoding="utf-8", errors="replace") as f:
-                    f.write(source)
-                if uid is not None:
-                    os.chown(workdir, uid, uid)
-                    os.chown(program, uid, uid)
-                return self._execute(workdir, uid, stdin.encode(errors="replace"), mode)
-            finally:
-                if uid is not None and mode == "off":
-                    self._kill_user(uid)  # no pid namespace took the leftovers down
-                shutil.rmtree(workdir, ignore_errors=True)
+            return self._execute(slot, source.encode(errors="replace"), stdin.encode(errors="replace"))
         finally:
             self._slots.put(slot)
 
-    def _execute(self, workdir: str, uid: int | None, stdin: bytes, mode: str) -> tuple[RunResult, list[str]]:
-        cfg = self.config
-        spec = {"workdir": workdir, "python": self.python, "uid": "" if uid is None else uid, "mode": mode,
-                "cpu_seconds": cfg.cpu_seconds, "memory_bytes": cfg.memory_bytes,
-                "max_processes": cfg.max_processes, "max_file_bytes": cfg.max_file_bytes,
-                "max_open_files": cfg.max_open_files}
-        args = [f"{key}={value}" for key, value in spec.items()]
-        env = {"PATH": _PATH, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}  # HOME: set by the launcher
+    def _execute(self, slot: int, source: bytes, stdin: bytes) -> RunResult:
+        cgroups = self.cgroups
+        oom_kills = cgroups.oom_kills(slot)
         status_read, status_write = os.pipe()
         started = time.monotonic()
-        try:
-            # No preexec_fn (unsafe with threads): the launcher does all process setup itself.
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", _ENTRY, str(status_write), *args],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(status_write,), start_new_session=True, env=env, cwd="/")
-        except OSError as exc:
-            os.close(status_read)
-            return RunResult("sandbox_error", None, "", f"cannot start the launcher: {exc}", 0.0), []
-        finally:
-            os.close(status_write)
+        # bubblewrap reads the program and its own options from memory: the program never touches the host's
+        # disk, and the options (host paths) do not show in the command line of the run's pid 1.
+        with _memory_file(source) as program:
+            options = self._bwrap_options(program.fileno(), len(source))
+            with _memory_file(b"".join(option.encode() + b"\0" for option in options)) as bwrap_options:
+                command = ["/bin/sh", "-c", _JOIN_CGROUP, str(cgroups.procs(slot)), self.bwrap,
+                           "--args", str(bwrap_options.fileno()), "--",
+                           self.python, "-I", "-S", _ENTRY_INSIDE, str(status_write), *self._spec(slot)]
+                try:
+                    # No preexec_fn (unsafe with threads): the launcher does all process setup itself.
+                    proc = subprocess.Popen(
+                        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        pass_fds=(status_write, program.fileno(), bwrap_options.fileno()), start_new_session=True,
+                        env=_ENV, cwd="/")
+                except OSError as exc:
+                    os.close(status_read)
+                    return RunResult("sandbox_error", None, "", f"cannot start the launcher: {exc}", 0.0)
+                finally:
+                    os.close(status_write)
         try:
             killed_for, out, err, status = self._communicate(proc, status_read, stdin)
         finally:
@@ -192,12 +225,28 @@ class CodeSandbox:
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 stream.close()
             os.close(status_read)
+            cgroups.empty(slot)
         seconds = time.monotonic() - started
         if killed_for:
             with self._lock:
                 self._kills += 1
-        report = _Report.parse(status)
-        return self._verdict(killed_for, report, proc.returncode, out, err, seconds), report.failures
+        out_of_memory = cgroups.oom_kills(slot) > oom_kills
+        return self._verdict(killed_for, _Report.parse(status), proc.returncode, out, err, seconds, out_of_memory)
+
+    def _bwrap_options(self, program: int, program_bytes: int) -> list[str]:
+        # The private /tmp bounds all that is written (RLIMIT_FSIZE bounds one file only); the program's
+        # file is root's, so the program cannot replace it.
+        tmp_bytes = program_bytes + self.config.max_file_bytes + 4096
+        return [*_ISOLATION, *self._root, "--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
+                "--perms", "0444", "--file", str(program), "/tmp/main.py", "--chdir", "/tmp", "--clearenv",
+                *(arg for name, value in _ENV.items() for arg in ("--setenv", name, value))]
+
+    def _spec(self, slot: int) -> list[str]:
+        cfg = self.config
+        spec = {"python": self.python, "uid": cfg.uid_base + slot, "cpu_seconds": cfg.cpu_seconds,
+                "memory_bytes": cfg.memory_bytes, "max_processes": cfg.max_processes,
+                "max_file_bytes": cfg.max_file_bytes, "max_open_files": cfg.max_open_files}
+        return [f"{key}={value}" for key, value in spec.items()]
 
     def _communicate(self, proc: subprocess.Popen, status_fd: int, stdin: bytes,
                      ) -> tuple[str | None, bytes, bytes, bytes]:
@@ -255,14 +304,16 @@ class CodeSandbox:
         return killed_for, bytes(bufs[out_fd][:cap]), bytes(bufs[err_fd][:cap]), bytes(bufs[status_fd])
 
     def _verdict(self, killed_for: str | None, report: _Report, returncode: int, out: bytes, err: bytes,
-                 seconds: float) -> RunResult:
+                 seconds: float, out_of_memory: bool) -> RunResult:
         stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
         if killed_for:
             return RunResult(killed_for, None, stdout, stderr, seconds)
-        if report.error or report.exit_code is None:
+        code = report.exit_code
+        if out_of_memory and code != 0:  # the kernel killed a process of the run for the cgroup's bound
+            return RunResult("memory_limit", code, stdout, stderr, seconds)
+        if report.error or code is None:
             reason = report.error or f"the launcher exited with {returncode}: {stderr.strip()[-500:]}"
             return RunResult("sandbox_error", None, stdout, reason, seconds)
-        code = report.exit_code
         if code == 0:
             status = "ok"
         elif code == -signal.SIGXCPU or (code == -signal.SIGKILL
@@ -274,10 +325,196 @@ class CodeSandbox:
             status = "runtime_error"
         return RunResult(status, code, stdout, stderr, seconds)
 
-    def _kill_user(self, uid: int) -> None:
-        subprocess.run([self.python, "-I", "-S", "-c", _KILL_ALL], user=uid, group=uid, extra_groups=[],
-                       env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, cwd="/", check=False)
+
+def _memory_file(data: bytes) -> BinaryIO:
+    """A file holding `data` in memory only, read from its start."""
+    file = os.fdopen(os.memfd_create("sandbox"), "w+b")
+    file.write(data)
+    file.seek(0)
+    return file
+
+
+def _root_args() -> list[str]:
+    """bubblewrap arguments for the run's root: /usr read-only, the top-level links into it (or folders,
+    where /usr is not merged), the loader's cache, a fresh /proc (read-only, so that a user namespace the
+    program makes cannot be given uid maps), a fresh /dev, and the launcher."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    return [*args, "--perms", "0755", "--dir", "/etc", "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+            "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--ro-bind", _ENTRY, _ENTRY_INSIDE]
+
+
+class SlotCgroups:
+    """A memory cgroup for each slot, in a cgroup of this service's own, bounding what a run holds at once
+    (every process, the files in its /tmp, its shared memory) to memory_bytes."""
+
+    def __init__(self, slots: int, memory_bytes: int):
+        parent, self.version = _own_memory_cgroup()
+        _remove_stale(parent)
+        if self.version == 2:
+            _enable_memory(parent)
+        self.base = parent / f"{_CGROUP_PREFIX}{os.getpid()}-{next(_SANDBOX_NUMBERS)}"
+        self.base.mkdir(exist_ok=True)
+        self.slots: list[Path] = []
+        # Removed by close(), or at the latest at exit, for a sandbox nobody closed.
+        self._removal = weakref.finalize(self, _remove_cgroups, self.base, self.slots)
+        if self.version == 2:
+            (self.base / "cgroup.subtree_control").write_text("+memory")
+        # Swap counts too, where the kernel accounts for it: otherwise a run could spill past its bound.
+        limit, swap = (("memory.limit_in_bytes", "memory.memsw.limit_in_bytes") if self.version == 1
+                       else ("memory.max", "memory.swap.max"))
+        for slot in range(slots):
+            folder = self.base / f"slot-{slot}"
+            folder.mkdir(exist_ok=True)
+            self.slots.append(folder)
+            (folder / limit).write_text(str(memory_bytes))
+            if (folder / swap).exists():
+                (folder / swap).write_text(str(memory_bytes if self.version == 1 else 0))
+
+    def procs(self, slot: int) -> Path:
+        return self.slots[slot] / "cgroup.procs"
+
+    def oom_kills(self, slot: int) -> int:
+        """Processes the kernel has killed in this slot's cgroup for its memory bound, ever."""
+        return _figure(self.slots[slot] / ("memory.oom_control" if self.version == 1 else "memory.events"),
+                       "oom_kill")
+
+    def empty(self, slot: int) -> None:
+        _empty(self.slots[slot])
+
+    def kill_all(self) -> None:
+        for folder in self.slots:
+            _kill(folder)
+
+    @property
+    def closed(self) -> bool:
+        return not self._removal.alive
+
+    def close(self) -> None:
+        self._removal()
+
+
+def _kill(cgroup: Path) -> list[str]:
+    """Sends SIGKILL to every process in a cgroup; returns their pids."""
+    pids = (cgroup / "cgroup.procs").read_text().split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    return pids
+
+
+def _empty(cgroup: Path) -> None:
+    """Kills what is left in a cgroup and waits until its processes are gone and their files and shared memory
+    are freed, so that the slot's next run has its whole bound. bubblewrap's init often exits a moment after
+    the process that waited for it, and the kernel frees an IPC namespace's memory a moment after that."""
+    deadline = time.monotonic() + _EMPTY_SECONDS
+    pause = 0.001
+    while (pids := _kill(cgroup)) or _figure(cgroup / "memory.stat", "shmem"):
+        if time.monotonic() > deadline:
+            log.warning("sandbox cgroup %s still holds processes [%s] or shared memory after its run", cgroup,
+                        " ".join(pids))
+            return
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+
+
+def _figure(path: Path, key: str) -> int:
+    """The value of `key` in a cgroup file of "key value" lines (0 where the kernel does not count it)."""
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
+
+
+def _remove_cgroups(base: Path, slots: list[Path]) -> None:
+    for folder in slots:
+        _empty(folder)
+    _remove_tree(base)
+
+
+def _own_memory_cgroup() -> tuple[Path, int]:
+    """This process's memory cgroup, as a folder, and the version of the hierarchy that has the controller."""
+    found = find_memory_cgroup(Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text())
+    if found is None:
+        raise SandboxUnavailable("the kernel has no memory cgroup controller mounted")
+    folder, version = found
+    if version == 2 and "memory" not in (folder / "cgroup.controllers").read_text().split():
+        raise SandboxUnavailable(f"the memory controller is not enabled for {folder}")
+    return found
+
+
+def find_memory_cgroup(cgroups: str, mountinfo: str) -> tuple[Path, int] | None:
+    """Where a process's memory cgroup is, from its /proc/PID/cgroup and /proc/PID/mountinfo: a v1 memory
+    hierarchy where there is one (hybrid hosts have both), else the v2 one."""
+    own = {}
+    for line in cgroups.splitlines():
+        _, controllers, path = line.split(":", 2)
+        own.update(dict.fromkeys(controllers.split(","), path))
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        mount_root, mount_point = fields[3], fields[4]
+        fstype, options = fields[fields.index("-") + 1], fields[fields.index("-") + 3].split(",")
+        if fstype == "cgroup" and "memory" in options and "memory" in own:
+            version, path = 1, own["memory"]
+        elif fstype == "cgroup2" and "memory" not in own and "" in own:
+            version, path = 2, own[""]
+        else:
+            continue
+        return Path(mount_point, os.path.relpath(path, mount_root)), version
+    return None
+
+
+def _enable_memory(parent: Path) -> None:
+    """Lets the children of a cgroup v2 `parent` have memory limits. v2 hands controllers down only from a
+    cgroup without processes of its own (the root excepted), so the processes in `parent` (this service and
+    whatever was started with it) first move to a leaf of their own, as container runtimes do."""
+    control = parent / "cgroup.subtree_control"
+    if "memory" in control.read_text().split():
+        return
+    try:
+        control.write_text("+memory")
+        return
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+    leaf = parent / "zerobubble-service"
+    leaf.mkdir(exist_ok=True)
+    for pid in (parent / "cgroup.procs").read_text().split():
+        with contextlib.suppress(ProcessLookupError):
+            (leaf / "cgroup.procs").write_text(pid)
+    control.write_text("+memory")
+
+
+def _remove_stale(parent: Path) -> None:
+    """Removes the cgroups of sandboxes whose service died without closing them."""
+    for base in parent.glob(f"{_CGROUP_PREFIX}*"):
+        pid = base.name.removeprefix(_CGROUP_PREFIX).partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove_tree(base)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _remove_tree(folder: Path) -> None:
+    """Removes an empty cgroup and its empty children (a cgroup's files go with its folder)."""
+    try:
+        for child in folder.iterdir():
+            if child.is_dir():
+                child.rmdir()
+        folder.rmdir()
+    except OSError as exc:
+        log.warning("cannot remove sandbox cgroup %s: %s", folder, exc)
 
 
 def _lines(text: str) -> list[str]:

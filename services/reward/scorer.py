@@ -7,6 +7,7 @@ from an event loop, so a caller that waits holds no thread."""
 from __future__ import annotations
 
 import asyncio
+import reprlib
 import threading
 import time
 from collections import deque
@@ -15,7 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from zerobubble.common.errors import InvalidInput, Overloaded, TooLarge, Unavailable
+from zerobubble.common.errors import InvalidInput, Overloaded, TooLarge, Unavailable, check_size
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.reward.metrics import RewardMetrics
 from zerobubble.reward.verifiers import ScoreItem, Verdict
@@ -111,24 +112,22 @@ class RewardScorer:
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self, item: ScoreItem, where: str = "") -> None:
-        """Raise InvalidInput/TooLarge naming the field (prefixed by `where`, e.g. 'items[3].')."""
+        """Raise InvalidInput/TooLarge naming the field (prefixed by `where`, e.g. 'items[3].'). Sizes are checked
+        before anything else reads the item, and no message repeats more than a few characters of it."""
         limits = self.config.limits
+        check_size(item.id, limits.max_id_bytes, f"{where}id", "limits.max_id_bytes")
+        check_size(item.response, limits.max_response_bytes, f"{where}response", "limits.max_response_bytes")
         if item.verifier in self.unavailable:
             raise Unavailable(self.unavailable[item.verifier], field=f"{where}verifier")
         verifier = self.verifiers.get(item.verifier)
         if verifier is None:
             known = ", ".join(sorted([*self.verifiers, *self.unavailable]))
-            raise InvalidInput(f"unknown verifier {item.verifier!r} (known: {known})", field=f"{where}verifier")
-        if len(item.response) > limits.max_response_chars:
-            raise TooLarge(
-                f"{len(item.response)} characters exceed the limit of {limits.max_response_chars}",
-                field=f"{where}response",
-            )
+            raise InvalidInput(f"unknown verifier {reprlib.repr(item.verifier)} (known: {known})",
+                               field=f"{where}verifier")
         if verifier.ground_truth == "gt_answer":
             if not item.gt_answer or not item.gt_answer.strip():
                 raise InvalidInput(f"verifier {item.verifier!r} needs a ground-truth answer", field=f"{where}gt_answer")
-            if len(item.gt_answer) > limits.max_answer_chars:
-                raise TooLarge(f"longer than {limits.max_answer_chars} characters", field=f"{where}gt_answer")
+            check_size(item.gt_answer, limits.max_answer_bytes, f"{where}gt_answer", "limits.max_answer_bytes")
             return
         self._validate_tests(item, where)
 
@@ -145,9 +144,10 @@ class RewardScorer:
             )
         if len(item.test_inputs) > limits.max_test_cases:
             raise TooLarge(f"{len(item.test_inputs)} tests exceed the limit of {limits.max_test_cases}", field=field)
-        size = sum(len(s) for s in item.test_inputs) + sum(len(s) for s in item.test_outputs)
+        size = sum(len(s.encode()) for s in (*item.test_inputs, *item.test_outputs))
         if size > limits.max_test_bytes:
-            raise TooLarge(f"{size} characters of tests exceed the limit of {limits.max_test_bytes}", field=field)
+            raise TooLarge(f"{size} bytes of tests exceed the limit of {limits.max_test_bytes} "
+                           "(limits.max_test_bytes)", field=field)
 
     # -- admission ----------------------------------------------------------------------------
     def _admit(self, count: int) -> None:

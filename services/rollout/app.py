@@ -13,6 +13,7 @@ from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engines import make_engine
 from zerobubble.rollout.evaluation import Evaluator
+from zerobubble.rollout.generate import GenerateCalls
 from zerobubble.rollout.metrics import RolloutMetrics
 from zerobubble.rollout.servicer import RolloutServicer
 from zerobubble.rollout.worker import RolloutWorker
@@ -56,8 +57,9 @@ class RolloutHost(ServiceHost):
                 metrics=metrics, max_new_tokens=config.generation.max_new_tokens,
                 stop=tuple(config.generation.stop), seed=config.generation.seed,
             )
+        self.generate_calls = GenerateCalls(self.worker, config.generate_limits())
         self.add(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
-                 RolloutServicer(self.worker, model.engine), "zerobubble.v1.RolloutService")
+                 RolloutServicer(self.worker, self.generate_calls, model.engine), "zerobubble.v1.RolloutService")
         self._loop = threading.Thread(target=self._run_worker, name="rollout-worker", daemon=True)
 
     def _run_worker(self) -> None:

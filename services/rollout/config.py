@@ -39,6 +39,20 @@ class GenerationConfig(Schema):
     anneal_to: float = Field(0.9, ge=0)
 
 
+class RequestLimits(Schema):
+    """Bounds on one Generate call, checked before anything of it is tokenized or generated. In tokens, a raw
+    prompt must fit in generation.max_prompt_tokens, and a chat prompt is cut to it as the worker's own are."""
+
+    max_samples: int | None = Field(None, gt=0, description="Generate: n x prompts, so also n and the number of "
+                                    "prompts (null: the worker's own batch, num_generations x prompts_per_batch)")
+    max_new_tokens: int | None = Field(None, gt=0, description="Generate: null: generation.max_new_tokens")
+    max_prompt_bytes: int = Field(64 * 1024, gt=0, description="Generate: UTF-8 bytes of one prompt as sent")
+    max_stop_strings: int = Field(8, ge=0, description="Generate: stop strings of one call")
+    max_stop_bytes: int = Field(256, gt=0, description="Generate: UTF-8 bytes of one stop string")
+    max_calls: int = Field(4, gt=0, description="Generate calls generating or waiting for the engine at once; "
+                           "more are refused with RESOURCE_EXHAUSTED")
+
+
 class RewardConfig(Schema):
     verifier: Literal["boxed", "think_answer_tags", "code"] = "boxed"
     system_prompt: str | None = Field(None, description="default: the reference's prompt for the verifier")
@@ -60,6 +74,7 @@ class RolloutServiceConfig(Schema):
     worker_id: str = Field(default_factory=_default_worker_id, description="unique per running worker")
     model: ModelConfig
     generation: GenerationConfig = GenerationConfig()
+    requests: RequestLimits = RequestLimits()
     reward: RewardConfig = RewardConfig()
     eval: EvalConfig = EvalConfig()
     buffer: ClientConfig = ClientConfig(address="127.0.0.1:50053")
@@ -76,6 +91,14 @@ class RolloutServiceConfig(Schema):
         "groups are not made only to be dropped as stale. null: never wait")
     backoff_max_seconds: float = Field(5.0, gt=0, description="longest pause between retries of a lost peer")
     lease_wait_seconds: float = Field(0.5, gt=0, description="pause before asking again after an empty lease")
+
+    def generate_limits(self) -> RequestLimits:
+        """The Generate call's bounds, the unset ones being the worker's own."""
+        generation = self.generation
+        return self.requests.model_copy(update={
+            "max_samples": self.requests.max_samples or generation.num_generations * generation.prompts_per_batch,
+            "max_new_tokens": self.requests.max_new_tokens or generation.max_new_tokens,
+        })
 
     @model_validator(mode="after")
     def _eval_needs_interval(self) -> RolloutServiceConfig:

@@ -15,6 +15,7 @@ Conventions every engine keeps, so a trainer never needs to know which engine pr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -25,6 +26,14 @@ import torch
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 GREEDY_BELOW = 1e-5
+
+
+class SamplingError(ValueError):
+    """A sampling setting out of range; `field` names it (as in SamplingSettings)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -41,17 +50,18 @@ class SamplingSettings:
 
     def __post_init__(self) -> None:
         if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise SamplingError("n", f"n must be >= 1, got {self.n}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise SamplingError("temperature", f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
+            raise SamplingError("top_k", f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must not be empty")
+            raise SamplingError("max_new_tokens", f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        empty = [i for i, s in enumerate(self.stop) if not s]
+        if empty:
+            raise SamplingError(f"stop[{empty[0]}]", "stop strings must not be empty")
         object.__setattr__(self, "stop", tuple(self.stop))
 
     @property

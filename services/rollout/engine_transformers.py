@@ -54,12 +54,13 @@ class StopStringWatch:
         self._stop = stop
         self._window = 4 * max((len(s) for s in stop), default=0) + 8
 
-    def hits(self, tokens: np.ndarray, step: int, rows: Iterable[int]) -> list[int]:
-        start = max(0, step + 1 - self._window)
+    def hits(self, steps: list[np.ndarray], rows: Iterable[int]) -> list[int]:
+        """`steps`: the token of every row at each step so far."""
+        tail = np.stack(steps[-self._window:], axis=1)
         found = []
         for row in rows:
-            tail = self._tokenizer.decode(tokens[row, start:step + 1].tolist(), skip_special_tokens=True)
-            if any(s in tail for s in self._stop):
+            text = self._tokenizer.decode(tail[row].tolist(), skip_special_tokens=True)
+            if any(s in text for s in self._stop):
                 found.append(row)
         return found
 
@@ -135,9 +136,10 @@ class TransformersEngine:
                          logits_to_keep=1)
         next_position = positions[:, -1:] + 1
 
-        tokens = np.full((batch, steps), self._pad_id, dtype=np.int32)
-        logprobs = np.zeros((batch, steps), dtype=np.float32)
-        lengths = np.full(batch, steps, dtype=np.int64)
+        # One column per step, so memory follows the tokens produced, never max_new_tokens.
+        token_steps: list[np.ndarray] = []
+        logprob_steps: list[np.ndarray] = []
+        lengths = np.zeros(batch, dtype=np.int64)
         stopped = np.zeros(batch, dtype=bool)
         watch = StopStringWatch(self.tokenizer, sampling.stop) if sampling.stop else None
         for step in range(steps):
@@ -148,12 +150,12 @@ class TransformersEngine:
                 token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             chosen = logp.gather(-1, token[:, None]).squeeze(-1)
             is_eos = torch.isin(token, self._eos_ids)
-            tokens[:, step] = token.cpu().numpy()
-            logprobs[:, step] = chosen.cpu().numpy()
+            token_steps.append(token.cpu().numpy().astype(np.int32))
+            logprob_steps.append(chosen.cpu().numpy())
             ends = ~stopped & is_eos.cpu().numpy()
             if watch is not None:
                 live = np.flatnonzero(~stopped & ~ends)
-                ends[watch.hits(tokens, step, live)] = True
+                ends[watch.hits(token_steps, live)] = True
             lengths[ends] = step + 1
             stopped |= ends
             if stopped.all() or step == steps - 1:
@@ -162,6 +164,8 @@ class TransformersEngine:
             out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position,
                              past_key_values=out.past_key_values, use_cache=True)
             next_position = next_position + 1
+        tokens, logprobs = np.stack(token_steps, axis=1), np.stack(logprob_steps, axis=1)
+        lengths[~stopped] = len(token_steps)
 
         samples = []
         for i in range(batch):

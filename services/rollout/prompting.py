@@ -28,6 +28,10 @@ class PromptTooLong(ValueError):
     """Even with its content emptied, the templated prompt does not fit in max_prompt_tokens."""
 
 
+class NotMessages(ValueError):
+    """The prompt is not chat messages as JSON."""
+
+
 class PromptBuilder:
     """Applies the chat template with the verifier's system prompt, and fits the result into a token budget
     by cutting the start of the last user message's content, so the template (the assistant header
@@ -39,10 +43,21 @@ class PromptBuilder:
         self.max_prompt_tokens = max_prompt_tokens
 
     def messages(self, messages_json: str) -> list[dict[str, str]]:
-        messages = json.loads(messages_json)
+        try:
+            messages = json.loads(messages_json)
+        except RecursionError:
+            raise NotMessages("the JSON is nested too deeply") from None
+        except json.JSONDecodeError as exc:
+            raise NotMessages(f"not JSON ({exc})") from None
         if isinstance(messages, dict):
             messages = [messages]
-        if self.system_prompt and not any(m.get("role") == "system" for m in messages):
+        # Chat templates index messages freely: anything else fails inside them with no useful message.
+        if not isinstance(messages, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages):
+            raise NotMessages("expected a message or a list of messages, each an object with string 'role' "
+                              "and 'content'")
+        if self.system_prompt and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         return messages
 
@@ -55,17 +70,18 @@ class PromptBuilder:
         ids = self.render(messages)
         if len(ids) <= self.max_prompt_tokens:
             return ids
-        last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-        content_ids = self.tokenizer.encode(messages[last_user]["content"], add_special_tokens=False)
-        keep = len(content_ids) - (len(ids) - self.max_prompt_tokens)
-        # Re-encoding a cut text can merge tokens differently at the seam: shrink until it fits.
-        while keep > 0:
-            cut = dict(messages[last_user], content=self.tokenizer.decode(content_ids[-keep:]))
-            ids = self.render([*messages[:last_user], cut, *messages[last_user + 1:]])
-            if len(ids) <= self.max_prompt_tokens:
-                return ids
-            keep -= max(1, len(ids) - self.max_prompt_tokens)
+        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+        if last_user is not None:
+            content_ids = self.tokenizer.encode(messages[last_user]["content"], add_special_tokens=False)
+            keep = len(content_ids) - (len(ids) - self.max_prompt_tokens)
+            # Re-encoding a cut text can merge tokens differently at the seam: shrink until it fits.
+            while keep > 0:
+                cut = dict(messages[last_user], content=self.tokenizer.decode(content_ids[-keep:]))
+                ids = self.render([*messages[:last_user], cut, *messages[last_user + 1:]])
+                if len(ids) <= self.max_prompt_tokens:
+                    return ids
+                keep -= max(1, len(ids) - self.max_prompt_tokens)
         raise PromptTooLong(
-            f"the chat template and system prompt alone take more than generation.max_prompt_tokens="
-            f"{self.max_prompt_tokens} tokens"
+            f"more than generation.max_prompt_tokens={self.max_prompt_tokens} tokens even without the content of "
+            "its last user message (the chat template, the system prompt and any other messages take that alone)"
         )

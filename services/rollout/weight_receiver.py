@@ -40,6 +40,8 @@ from zerobubble.trainer.client import TrainerClient
 from zerobubble.v1 import trainer_pb2
 
 log = logging.getLogger(__name__)
+# A wrong or missing token, or a full group: the worker keeps trying, but the log must say why it gets no weights.
+REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 class WeightTaker(Protocol):
@@ -77,6 +79,9 @@ class WeightReceiver:
         self._buffers: list[torch.Tensor] = []
         self._views: list[tuple[str, torch.Tensor]] = []
         self._complete: int | None = None
+        # Whether the engine has the last received weights. Not "is the version newer": a trainer restarted
+        # from a checkpoint publishes lower versions than the ones a worker already has, and they are the truth.
+        self._loaded = True
         self._group = None
         self._buffer_device = torch.device("cpu")
         self._epoch: int | None = None
@@ -104,15 +109,15 @@ class WeightReceiver:
                 lambda: self._complete is not None and self._complete >= version, timeout)
 
     def apply_to(self, engine: WeightTaker) -> bool:
-        """Load the newest complete version into `engine` if it is newer than what the engine has. Never
-        waits for a receive in progress (those bytes are half new): it then returns False; try later."""
+        """Load the last version received into `engine` unless it has it already. Never waits for a receive
+        in progress (those bytes are half new): it then returns False; try later."""
         if not self._buffers_lock.acquire(blocking=False):
             return False
         try:
-            version = self._complete
-            if version is None or version <= engine.policy_version:
+            if self._loaded:
                 return False
-            engine.load_weights(iter(self._views), version)
+            engine.load_weights(iter(self._views), self._complete)
+            self._loaded = True
             self.metrics.loads.inc()
             return True
         finally:
@@ -134,7 +139,10 @@ class WeightReceiver:
             try:
                 self._session()
             except grpc.RpcError as exc:
-                if not self._closed.is_set():
+                if exc.code() in REFUSALS:
+                    log.warning("%s: the trainer refused the weight sync (%s: %s); trying again", self.worker_id,
+                                exc.code().name, exc.details())
+                elif not self._closed.is_set():
                     log.info("%s: trainer stream ended (%s); joining again", self.worker_id, exc.code())
             except Exception:
                 log.exception("%s: weight sync session failed; joining again", self.worker_id)
@@ -209,6 +217,7 @@ class WeightReceiver:
                 self._manifest = None
                 raise
             self._complete = announcement.version
+            self._loaded = False
         self.metrics.receive_seconds.observe(time.perf_counter() - started)
         with self._changed:
             self._changed.notify_all()

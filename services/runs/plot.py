@@ -160,8 +160,9 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     metrics_path = run_dir / METRICS_FILE
     if not metrics_path.is_file():
         raise RunDataError(f"no training metrics: {metrics_path} does not exist")
-    steps = sorted((row for row in read_jsonl(metrics_path) if _number(row.get("step")) is not None),
-                   key=lambda row: row["step"])
+    # A trainer restarted from its checkpoint trains the steps after it again: the later row of a step wins.
+    latest = {row["step"]: row for row in read_jsonl(metrics_path) if _number(row.get("step")) is not None}
+    steps = sorted(latest.values(), key=lambda row: row["step"])
     if not steps:
         raise RunDataError(f"no training step in {metrics_path}")
     eval_path = run_dir / EVAL_FILE

@@ -11,10 +11,12 @@ import os
 import threading
 import time
 
+import grpc
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerobubble.buffer.client import BufferClient
+from zerobubble.common.errors import InvalidInput, Unavailable
 from zerobubble.common.server import ServiceHost
 from zerobubble.trainer.broadcaster import WeightBroadcaster
 from zerobubble.trainer.config import TrainerServiceConfig
@@ -28,6 +30,9 @@ from zerobubble.v1 import trainer_pb2_grpc
 log = logging.getLogger(__name__)
 
 CONFIG_SCHEMA = TrainerServiceConfig
+MAX_TAG_CHARS = 256
+# A step in progress is the longest the loop can take to reach a safe point.
+CHECKPOINT_WAIT_S = 600.0
 
 
 def reference_model(config: TrainerServiceConfig, device: torch.device, dtype: torch.dtype):
@@ -48,7 +53,21 @@ class TrainerControl:
                 "last_checkpoint": self.loop.last_checkpoint}
 
     def save_checkpoint(self, tag: str) -> tuple[str, int]:
-        return self.loop.request_checkpoint(tag, timeout=600.0)
+        """The checkpoint taken at the loop's next safe point: at once while it waits for data, else once the step
+        in progress is trained."""
+        if len(tag) > MAX_TAG_CHARS:
+            raise InvalidInput(f"{len(tag)} characters are over the limit of {MAX_TAG_CHARS}", field="tag")
+        if self.loop.strategy.world_size > 1:
+            # Every rank must save together, and only this rank hears the call.
+            raise Unavailable("SaveCheckpoint needs a single trainer process; with several, checkpoints follow "
+                              "checkpoint.interval_steps")
+        try:
+            return self.loop.request_checkpoint(tag, timeout=CHECKPOINT_WAIT_S)
+        except OSError as exc:
+            raise Unavailable(f"the checkpoint could not be written: {exc}") from None
+        except grpc.RpcError as exc:
+            raise Unavailable(f"the checkpoint is written but the buffer did not take its commit "
+                              f"({exc.code().name}); the next checkpoint commits") from None
 
 
 class TrainerHost(ServiceHost):

@@ -11,6 +11,7 @@ that come while one is in flight coalesce: the newest version is the next one se
 from __future__ import annotations
 
 import logging
+import reprlib
 import socket
 import threading
 import time
@@ -25,8 +26,8 @@ from pydantic import Field
 from torch.distributed import TCPStore
 
 from zerobubble.common.conditions import AwaitableCondition
-from zerobubble.common.config import Schema
-from zerobubble.common.errors import InvalidInput, NotFound
+from zerobubble.common.config import Schema, is_loopback
+from zerobubble.common.errors import InvalidInput, NotFound, Overloaded
 from zerobubble.common.weight_sync import (
     ABORT,
     ACK_OK,
@@ -57,8 +58,13 @@ class WeightSyncConfig(Schema):
                           "or this host's name when store_host is 0.0.0.0")
     bucket_mb: float = Field(256.0, gt=0, description="size of one broadcast bucket")
     member_timeout_s: float = Field(
-        30.0, gt=0, description="a member that does not arrive at a new group, or does not acknowledge a "
-                                "version, within this long is dropped; also bounds every collective")
+        30.0, gt=0, description="a member of a formed group that does not acknowledge a version within this "
+                                "long is dropped; also bounds every collective")
+    formation_timeout_s: float = Field(
+        5.0, gt=0, description="a member that does not arrive at a new group epoch within this long is dropped, "
+                               "and the group forms without it")
+    max_members: int = Field(64, gt=0, description="rollout workers in the broadcast group at most; joins "
+                                                   "beyond it are refused (RESOURCE_EXHAUSTED)")
     device: str = Field("cpu", description="where the send buffers live: cuda:N broadcasts over NCCL, cpu over gloo")
     max_attempts: int = Field(3, ge=1, description="tries of one version after failed broadcasts that dropped nobody")
 
@@ -169,6 +175,11 @@ class WeightBroadcaster:
                                wait_for_workers=False, timeout=timeout)
         self._thread.start()
         log.info("weight sync store on %s:%d (%s)", self.advertise_host, self.store_port, self.backend)
+        if not is_loopback(f"{self.config.store_host}:{self.store_port}"):
+            # Joins are authenticated over gRPC, but torch.distributed's store and gloo/NCCL connections are not.
+            log.warning("the weight sync store on %s:%d and the %s connections have no authentication: let only "
+                        "the rollout workers' network reach them", self.config.store_host, self.store_port,
+                        self.backend)
         return self
 
     @property
@@ -189,10 +200,17 @@ class WeightBroadcaster:
         if not worker_id:
             raise InvalidInput("must not be empty", field="worker_id")
         device = device or "cpu"
-        if self.backend == "nccl" and backend_for(device) != "nccl":
+        try:
+            backend = backend_for(device)
+        except RuntimeError:
+            raise InvalidInput(f"{reprlib.repr(device)} is not a torch device (cpu, cuda:N)", field="device") from None
+        if self.backend == "nccl" and backend != "nccl":
             raise InvalidInput(f"{device!r}: this trainer broadcasts over NCCL; join with a cuda device",
                                field="device")
         with self._cond:
+            if worker_id not in self._members and len(self._members) >= self.config.max_members:
+                raise Overloaded(f"{worker_id!r} cannot join: the weight sync has {len(self._members)} members, "
+                                 f"the most weight_sync.max_members allows")
             old = self._members.pop(worker_id, None)
             if old is not None:
                 # The same id from a fresh process: the group it was in is no use to it.
@@ -307,9 +325,13 @@ class WeightBroadcaster:
     def _sync(self, snapshot: _Snapshot) -> None:
         started = time.perf_counter()
         failures = 0
+        # Who this version goes to: the members of now. Whoever joins (or joins again) meanwhile gets the next sync,
+        # so joiners that never arrive hold a version back by one formation timeout, however often they come.
+        with self._cond:
+            roster = list(self._members.values())
         while failures < self.config.max_attempts and not self.closed:
             with self._cond:
-                ids = list(self._members)
+                ids = [member.worker_id for member in roster if not member.gone]
                 rejoined, self._regroup_needed = self._regroup_needed, False
             if not ids:
                 self._teardown()
@@ -328,7 +350,8 @@ class WeightBroadcaster:
                 self._teardown()
                 failures += 1
                 continue
-            acks, missing = self._await_keys({w: done_key(self._epoch, snapshot.version, w) for w in self._group_ids})
+            acks, missing = self._await_keys({w: done_key(self._epoch, snapshot.version, w) for w in self._group_ids},
+                                             self.config.member_timeout_s)
             failed = missing + [w for w, ack in acks.items() if ack != ACK_OK]
             if failed:
                 # Who is at fault is not known here (a dead peer makes others fail too): re-form the group,
@@ -358,11 +381,11 @@ class WeightBroadcaster:
         epoch = self._epoch
         ranks = {worker_id: rank for rank, worker_id in enumerate(ids, start=1)}
         self._announce(snapshot, regroup=True, ranks=ranks)
-        _, missing = self._await_keys({w: arrived_key(epoch, w) for w in ids})
+        _, missing = self._await_keys({w: arrived_key(epoch, w) for w in ids}, self.config.formation_timeout_s)
         if missing:
             self._store.set(go_key(epoch), ABORT)
             for worker_id in missing:
-                self.drop(worker_id, f"did not arrive at group epoch {epoch} within {self.config.member_timeout_s}s")
+                self.drop(worker_id, f"did not arrive at group epoch {epoch} within {self.config.formation_timeout_s}s")
             return False, True
         self._store.set(go_key(epoch), GO)
         try:
@@ -399,11 +422,11 @@ class WeightBroadcaster:
                     member.outbox.append(announcement)
             self._cond.notify_all()
 
-    def _await_keys(self, keys: dict[str, str]) -> tuple[dict[str, bytes], list[str]]:
-        """Poll the store until every worker's key exists or the member timeout passes: (the values found by
-        worker, the workers whose key is missing; one that left meanwhile counts as missing at once).
+    def _await_keys(self, keys: dict[str, str], timeout_s: float) -> tuple[dict[str, bytes], list[str]]:
+        """Poll the store until every worker's key exists or `timeout_s` passes: (the values found by worker, the
+        workers whose key is missing; one that left meanwhile counts as missing at once).
         Keys found are deleted, so the store does not grow with every version."""
-        deadline = time.monotonic() + self.config.member_timeout_s
+        deadline = time.monotonic() + timeout_s
         waiting = dict(keys)
         found: dict[str, bytes] = {}
         missing = []

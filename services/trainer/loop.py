@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from zerobubble.buffer.client import BufferClient, PullResult
+from zerobubble.common.errors import Unavailable
 from zerobubble.common.persistence import Stopped, until_done
 from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
 from zerobubble.trainer.collate import ExperienceBatch, collate
@@ -82,6 +83,9 @@ class TrainingLoop:
         state = self.checkpoints.load(self.strategy)
         if state is None:
             log.info("no checkpoint in %s: starting from the model", self.checkpoints.directory)
+            if self.strategy.rank == 0:
+                # A trainer that died before its first checkpoint took deliveries with it: they come again.
+                self.buffer.commit(0, resume=True, trainer_id=self.config.trainer_id)
             return
         self.step, self.policy_version = state.step, state.policy_version
         self.delivered = max(0, state.buffer_delivery)
@@ -132,8 +136,12 @@ class TrainingLoop:
     def _pull(self) -> list[common_pb2.ExperienceGroup] | None:
         """This rank's groups of the next step; None at the end of the data."""
         wanted, groups = self.groups_per_rank, []
+        trained = self.delivered
         started = time.monotonic()
         while len(groups) < wanted and not self.stopping.is_set():
+            # Waiting for data is a safe point too, so SaveCheckpoint answers within a pull; what the checkpoint
+            # covers stops at what was trained, so the groups held for this step are delivered again on resume.
+            self._serve_requests(delivery=trained)
             try:
                 result = self._pull_once(wanted - len(groups))
             except Stopped:
@@ -199,33 +207,44 @@ class TrainingLoop:
                  figures["reward_mean"], figures["answer_accuracy"], figures["staleness_mean"], figures["loss"])
 
     def request_checkpoint(self, tag: str, timeout: float) -> tuple[str, int]:
-        """For the SaveCheckpoint RPC: saving is collective, so the loop does it between steps."""
+        """For the SaveCheckpoint RPC: saving is collective, so the loop does it at its next safe point (between
+        steps, or while it waits for data)."""
         request: Future = Future()
         self._requests.put((tag, request))
         if self.finished.is_set():
             self._serve_requests()
-        return request.result(timeout)
+        try:
+            return request.result(timeout)
+        except TimeoutError:
+            if request.cancel():
+                raise Unavailable(f"the training loop reached no point to save at within {timeout:.0f} s; "
+                                  "nothing was saved") from None
+            return request.result()
 
-    def _serve_requests(self) -> None:
+    def _serve_requests(self, delivery: int | None = None) -> None:
         while True:
             try:
                 tag, request = self._requests.get_nowait()
             except queue.Empty:
                 return
+            if not request.set_running_or_notify_cancel():
+                continue
             try:
-                request.set_result(self.save_checkpoint(tag))
+                request.set_result(self.save_checkpoint(tag, delivery))
             except Exception as exc:
                 request.set_exception(exc)
 
-    def save_checkpoint(self, tag: str = "") -> tuple[str, int]:
-        """Write a checkpoint, then commit to the buffer everything delivered before it."""
+    def save_checkpoint(self, tag: str = "", delivery: int | None = None) -> tuple[str, int]:
+        """Write a checkpoint, then commit to the buffer everything delivered before it (up to `delivery`, when
+        given)."""
+        delivery = self.delivered if delivery is None else delivery
         with self.lock:
             state = TrainerState(step=self.step, policy_version=self.policy_version,
-                                 buffer_delivery=self.delivered, extra={"tag": tag})
+                                 buffer_delivery=delivery, extra={"tag": tag})
             directory = self.checkpoints.save(self.strategy, state)
             self.last_checkpoint, self.last_checkpoint_step = str(directory), self.step
             if self.strategy.rank == 0:
-                self.buffer.commit(self.delivered, step=self.step, trainer_id=self.config.trainer_id)
+                self.buffer.commit(delivery, step=self.step, trainer_id=self.config.trainer_id)
             return str(directory), self.step
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from zerobubble.common.errors import Unavailable
 from zerobubble.common.status import translate_errors
 from zerobubble.trainer.broadcaster import WeightBroadcaster
 from zerobubble.v1 import trainer_pb2, trainer_pb2_grpc
@@ -23,13 +24,19 @@ class TrainerControl(Protocol):
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    def __init__(self, broadcaster: WeightBroadcaster, control: TrainerControl):
+    def __init__(self, broadcaster: WeightBroadcaster | None, control: TrainerControl):
+        """`broadcaster` is None on a trainer without weight sync, and on every rank but the first."""
         self.broadcaster = broadcaster
         self.control = control
 
+    def _sync(self) -> WeightBroadcaster:
+        if self.broadcaster is None:
+            raise Unavailable("this trainer process broadcasts no weights (weight_sync is null, or it is not rank 0)")
+        return self.broadcaster
+
     @translate_errors
     def JoinWeightSync(self, request, context):
-        info = self.broadcaster.join(request.worker_id, request.device)
+        info = self._sync().join(request.worker_id, request.device)
         return trainer_pb2.JoinReply(
             rank=info.rank, world_size=info.world_size, group_epoch=info.group_epoch, store_host=info.store_host,
             store_port=info.store_port, backend=info.backend, member_timeout_seconds=info.member_timeout_s,
@@ -39,7 +46,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def WatchWeights(self, request, context):
         # A coroutine: an idle watch holds no server thread, and a worker that goes away cancels the call,
         # which ends in the `finally` and drops the member at once.
-        watch = self.broadcaster.watch(request.worker_id)
+        watch = self._sync().watch(request.worker_id)
         try:
             # Headers now: the worker knows its watch is registered before any weights exist.
             await context.send_initial_metadata(())
@@ -51,12 +58,14 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     @translate_errors
     def Status(self, request, context):
         training = self.control.status()
-        sync = self.broadcaster.status()
+        sync = {}
+        if self.broadcaster is not None:
+            figures = self.broadcaster.status()
+            sync = {"sync_members": figures["members"], "last_sync_seconds": figures["last_sync_seconds"],
+                    "synced_version": figures["synced_version"], "group_epoch": figures["group_epoch"]}
         return trainer_pb2.TrainerStatusReply(
             step=training["step"], policy_version=training["policy_version"],
-            last_checkpoint=training.get("last_checkpoint") or "", sync_members=sync["members"],
-            last_sync_seconds=sync["last_sync_seconds"], synced_version=sync["synced_version"],
-            group_epoch=sync["group_epoch"],
+            last_checkpoint=training.get("last_checkpoint") or "", **sync,
         )
 
     @translate_errors

@@ -47,7 +47,7 @@ def test_reference_lists_every_field_with_its_real_default():
 
     reward = {name: default for name, default, _ in describe(RewardServiceConfig)}
     assert reward["server.listen"] == "127.0.0.1:50052"
-    assert reward["sandbox.require_isolation"] == "true"
+    assert reward["sandbox.bwrap"] == "bwrap"
     assert reward["rewards.correct"] == "1.0"
     assert len(reward) == len(set(reward)) > 30
     buffer = {name: default for name, default, _ in describe(BufferServiceConfig)}

@@ -1,4 +1,5 @@
-"""deploy/docker-compose.yml: valid for docker-compose, with every service, GPUs, health checks and volumes.
+"""deploy/docker-compose.yml: valid for docker-compose, with every service, GPUs, health checks and volumes; the
+bearer token as a docker secret, ports published on this host's loopback only, and no anonymous Grafana.
 
 There is no Docker engine here: Debian's `docker-compose` validates the file without one
 (CI installs it with `apt-get install -y --no-install-recommends docker-compose`).
@@ -6,6 +7,7 @@ There is no Docker engine here: Debian's `docker-compose` validates the file wit
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -34,9 +36,11 @@ def compose() -> dict:
     return yaml.safe_load(COMPOSE_FILE.read_text())
 
 
-def docker_compose_config(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker-compose", "-f", str(path), "config", "-q"], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+def docker_compose_config(path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Validates the file (quietly), or with `env` prints it as docker-compose resolves it in that environment."""
+    quiet = ["-q"] if env is None else []
+    return subprocess.run(["docker-compose", "-f", str(path), "config", *quiet], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env=env)
 
 
 @needs_docker_compose
@@ -111,14 +115,68 @@ def test_workers_wait_for_healthy_dependencies(compose):
     assert compose["services"]["trainer"]["depends_on"]["buffer"]["condition"] == "service_healthy"
 
 
+def published_hosts(compose: dict) -> dict[str, list[str]]:
+    """The host address of each published port (docker's short syntax HOST:PUBLISHED:TARGET[/PROTO])."""
+    return {name: [str(entry).rsplit(":", 2)[0] if str(entry).count(":") >= 2 else "" for entry in service["ports"]]
+            for name, service in compose["services"].items() if service.get("ports")}
+
+
+def test_ports_are_published_on_loopback_unless_the_user_opts_in(compose):
+    published = published_hosts(compose)
+    assert published, "the reward service, Prometheus and Grafana are published for the user"
+    for name, hosts in published.items():
+        # An empty host publishes on every interface of the machine.
+        assert all(h == "${ZB_PUBLISH_HOST:-127.0.0.1}" for h in hosts), f"{name}: {hosts}"
+
+
+@needs_docker_compose
+def test_docker_compose_publishes_on_loopback_by_default_and_elsewhere_only_when_asked():
+    env = {k: v for k, v in os.environ.items() if k != "ZB_PUBLISH_HOST"}
+    default = yaml.safe_load(docker_compose_config(COMPOSE_FILE, env=env).stdout)
+    assert {h for hosts in published_hosts(default).values() for h in hosts} == {"127.0.0.1"}
+    opened = yaml.safe_load(docker_compose_config(COMPOSE_FILE, env={**env, "ZB_PUBLISH_HOST": "0.0.0.0"}).stdout)
+    assert {h for hosts in published_hosts(opened).values() for h in hosts} == {"0.0.0.0"}
+
+
+def test_grafana_allows_no_anonymous_viewer_and_takes_its_password_from_a_secret(compose):
+    grafana = compose["services"]["grafana"]
+    settings = grafana["environment"]
+    assert settings["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert settings["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    (secret,) = grafana["secrets"]
+    assert settings["GF_SECURITY_ADMIN_PASSWORD__FILE"] == f"/run/secrets/{secret}"
+    assert compose["secrets"][secret]["file"].startswith("./secrets/")
+
+
+def test_every_zerobubble_service_gets_the_token_secret_its_config_reads(compose):
+    for name in GRPC_PORTS:
+        service = compose["services"][name]
+        (secret,) = service["secrets"]
+        config = service["command"][service["command"].index("--config") + 1]
+        source = {m.split(":")[1]: m.split(":")[0] for m in service["volumes"]}[config]
+        settings = yaml.safe_load((COMPOSE_FILE.parent / source).read_text())
+        assert settings["server"]["auth_token_file"] == f"/run/secrets/{secret}", name
+    assert compose["secrets"][secret]["file"].startswith("./secrets/")
+
+
+def test_the_secrets_folder_is_never_committed(compose):
+    for secret in compose["secrets"].values():
+        path = (COMPOSE_FILE.parent / secret["file"]).relative_to(REPO)
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=REPO, timeout=30)
+        assert ignored.returncode == 0, f"{path} would be committed"
+
+
 def probe(compose: dict, address: str) -> int:
     """Runs the compose file's gRPC health probe as the container would."""
     code = compose["x-grpc-health"]
     return subprocess.run([sys.executable, "-c", code, address], capture_output=True, timeout=60).returncode
 
 
-def test_health_probe_answers_for_a_real_server(compose):
-    host = ServiceHost("probe", ServerConfig(listen="127.0.0.1:0", metrics_port=None)).start()
+def test_health_probe_answers_for_a_real_server(compose, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    # The probe sends no token: health checks stay open on a server that requires one.
+    host = ServiceHost("probe", ServerConfig(listen="127.0.0.1:0", metrics_port=None, auth_token_file=token)).start()
     try:
         assert probe(compose, host.address) == 0
     finally:

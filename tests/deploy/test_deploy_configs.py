@@ -1,4 +1,5 @@
-"""The service configurations under deploy/ load with their service's schema and agree with each other."""
+"""The service configurations under deploy/ load with their service's schema, agree with each other, require a
+bearer token from a secret file, and listen only where they are meant to be reached."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import yaml
 
 from zerobubble.buffer.config import BufferServiceConfig
-from zerobubble.common.config import ClientConfig, load_config
+from zerobubble.common.config import ClientConfig, ConfigError, TLSConfig, load_config
+from zerobubble.common.server import ServiceHost
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.trainer.config import TrainerServiceConfig
@@ -16,7 +18,10 @@ from zerobubble.trainer.config import TrainerServiceConfig
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SCHEMAS = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "rollout": RolloutServiceConfig,
            "trainer": TrainerServiceConfig}
-CONFIG_FILES = sorted([*(DEPLOY / "hosts").glob("*.yaml"), *(DEPLOY / "compose").glob("*.yaml")])
+HOST_FILES = sorted((DEPLOY / "hosts").glob("*.yaml"))
+COMPOSE_FILES = sorted((DEPLOY / "compose").glob("*.yaml"))
+CONFIG_FILES = [*HOST_FILES, *COMPOSE_FILES]
+WILDCARDS = ("0.0.0.0", "::", "[::]")
 
 
 def service_of(path: Path) -> str:
@@ -32,6 +37,15 @@ def port(address: str) -> int:
     return int(address.rpartition(":")[2])
 
 
+def host(address: str) -> str:
+    return address.rpartition(":")[0]
+
+
+def clients(config) -> dict[str, ClientConfig]:
+    sections = {name: getattr(config, name, None) for name in ("buffer", "reward_service", "trainer")}
+    return {name: section for name, section in sections.items() if isinstance(section, ClientConfig)}
+
+
 def test_every_service_has_a_host_example_and_a_compose_config():
     for folder in ("hosts", "compose"):
         assert {service_of(p) for p in (DEPLOY / folder).glob("*.yaml")} == set(SCHEMAS), folder
@@ -41,10 +55,45 @@ def test_every_service_has_a_host_example_and_a_compose_config():
 def test_config_loads_with_its_service_schema(path):
     assert service_of(path) in SCHEMAS, f"{path.name}: name it after its service (reward, buffer, ...)"
     config = load(path)
-    # Other hosts and containers must reach every service, and Prometheus its metrics port.
-    assert config.server.listen.startswith("0.0.0.0:")
-    assert config.server.metrics_host == "0.0.0.0"
-    assert config.server.metrics_port
+    assert config.server.metrics_port, "Prometheus scrapes every service"
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_server_and_client_takes_the_token_from_a_secret_file(path):
+    config = load(path)
+    secret = config.server.auth_token_file
+    assert secret is not None and config.server.auth_token is None, "the token is never written in a config"
+    for name, client in clients(config).items():
+        assert client.auth_token_file == secret and client.auth_token is None, f"{name}: not the deployment's token"
+    # Where the secret is missing (as on this machine), the service does not start: it never runs open.
+    server = config.server.model_copy(update={"listen": "127.0.0.1:0", "metrics_port": None, "tls": TLSConfig()})
+    with pytest.raises(ConfigError, match=f"auth_token_file: cannot read {secret}"):
+        ServiceHost(service_of(path), server)
+
+
+def test_separate_hosts_listen_on_their_own_address_and_speak_tls():
+    configs = {service_of(p): load(p) for p in HOST_FILES}
+    rollout = configs["rollout"]
+    reached_at = {"buffer": host(rollout.buffer.address), "reward": host(rollout.reward_service.address),
+                  "trainer": host(rollout.trainer.address)}
+    for service, config in configs.items():
+        listen = host(config.server.listen)
+        assert listen not in WILDCARDS, f"{service}: listens on every interface"
+        assert config.server.metrics_host == listen, f"{service}: metrics on another interface than its RPCs"
+        assert listen == reached_at.get(service, listen), f"{service}: the others call it at {reached_at[service]}"
+        # The token crosses a network: TLS, or anyone on the path can read it.
+        assert config.server.tls.cert and config.server.tls.key, service
+        for name, client in clients(config).items():
+            assert client.tls.ca, f"{service}.{name}: does not verify the server"
+    assert configs["trainer"].weight_sync.store_host == reached_at["trainer"]
+
+
+def test_compose_services_listen_inside_their_container():
+    """Every interface of a container is on the compose network; what the host publishes is docker-compose.yml's
+    business (tests/deploy/test_compose.py)."""
+    for path in COMPOSE_FILES:
+        config = load(path)
+        assert host(config.server.listen) == "0.0.0.0" and config.server.metrics_host == "0.0.0.0", path.name
 
 
 @pytest.mark.parametrize("folder", ["hosts", "compose"])
@@ -67,12 +116,9 @@ def test_clients_point_at_the_ports_services_listen_on(folder):
 
 def test_compose_configs_name_compose_services():
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]
-    for path in (DEPLOY / "compose").glob("*.yaml"):
-        config = load(path)
-        clients = [getattr(config, name, None) for name in ("buffer", "reward_service", "trainer")]
-        for client in (c for c in clients if isinstance(c, ClientConfig)):
-            host = client.address.rpartition(":")[0]
-            assert host in compose, f"{path.name}: {host!r} is not a service of docker-compose.yml"
+    for path in COMPOSE_FILES:
+        for client in clients(load(path)).values():
+            assert host(client.address) in compose, f"{path.name}: {client.address!r} is not a compose service"
     trainer = load(DEPLOY / "compose" / "trainer.yaml")
     # Listening everywhere, the trainer advertises its host name; compose makes that name resolvable.
     assert trainer.weight_sync.store_host == "0.0.0.0"

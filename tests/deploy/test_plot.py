@@ -125,3 +125,15 @@ def test_every_panel_reads_a_key_the_trainer_writes():
 
     keys = {key for panel in plot.PANELS for key, _ in panel.series}
     assert keys <= set(STEP_FIGURES)
+
+
+def test_steps_trained_again_after_a_restart_take_the_later_row(tmp_path, monkeypatch):
+    write_run(tmp_path, steps=5, with_eval=False)
+    with open(tmp_path / "trainer" / "metrics.jsonl", "a") as out:  # a resumed trainer redoes steps 4 and 5
+        for step in (4, 5):
+            out.write(json.dumps({"step": step, "policy_version": step, "reward_mean": 9.0}) + "\n")
+    drawn = {}
+    monkeypatch.setattr(plot, "_draw", lambda run_dir, steps, evals, out: drawn.setdefault("steps", steps))
+    plot_run(tmp_path)
+    assert [row["step"] for row in drawn["steps"]] == [1, 2, 3, 4, 5]
+    assert [row["reward_mean"] for row in drawn["steps"][3:]] == [9.0, 9.0]

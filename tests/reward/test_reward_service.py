@@ -86,7 +86,7 @@ def test_list_verifiers(reward):
          grpc.StatusCode.INVALID_ARGUMENT, "test_cases.outputs: 1 inputs but 0 outputs"),
         (score_request("code", _code("print(1)"), test_cases={"inputs": [], "outputs": []}),
          grpc.StatusCode.INVALID_ARGUMENT, "test_cases.inputs"),
-        (score_request("boxed", "x" * 300_000, "1"), grpc.StatusCode.RESOURCE_EXHAUSTED, "response: 300000 characters"),
+        (score_request("boxed", "x" * 300_000, "1"), grpc.StatusCode.RESOURCE_EXHAUSTED, "response: 300000 bytes"),
     ],
 )
 def test_bad_requests_name_the_field(reward, request_, code, field):

@@ -15,7 +15,22 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sandbox_leaks import (
+    ESCAPED,
+    connect_program,
+    host_only_mounts,
+    host_secret_file,
+    host_sockets,
+    memory_program,
+    mounts_program,
+    read_file_program,
+    sysv_keys,
+    sysv_keys_on_host,
+    sysv_leave_program,
+    sysv_read_program,
+)
 
+import zerobubble.reward
 from zerobubble.reward.config import SandboxConfig
 from zerobubble.reward.sandbox import CodeSandbox, Isolation, SandboxUnavailable
 
@@ -31,14 +46,16 @@ ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
 
 
 @pytest.fixture
-def make_sandbox(tmp_path):
-    runs = tmp_path / "runs"
-    runs.mkdir()
+def make_sandbox():
+    made = []
 
     def make(**changes) -> CodeSandbox:
-        return CodeSandbox(SandboxConfig(**(LIMITS | {"workdir_root": runs} | changes)))
+        made.append(CodeSandbox(SandboxConfig(**(LIMITS | changes))))
+        return made[-1]
 
-    return make
+    yield make
+    for sandbox in made:
+        sandbox.close()
 
 
 @pytest.fixture
@@ -78,7 +95,9 @@ def assert_still_works(sandbox: CodeSandbox) -> None:
 
 
 def test_the_isolation_is_full_here(make_sandbox):
-    assert make_sandbox().isolation == Isolation(namespaces=True, separate_user=True, reason="")
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (make sandbox-tool)")
+    assert make_sandbox().isolation == Isolation()
 
 
 def test_correct_program_passes(sandbox):
@@ -128,10 +147,11 @@ def test_program_runs_as_a_slot_user_in_a_clean_environment(sandbox):
     uid, gid, groups = ids.split(maxsplit=2)
     assert int(uid) in range(sandbox.config.uid_base, sandbox.config.uid_base + 2)
     assert gid == uid and groups == "[]"
-    assert set(environment.split()) <= {"PATH", "LANG", "HOME", "PYTHONDONTWRITEBYTECODE", "LC_CTYPE"}
+    # PWD is bubblewrap's, and names the private /tmp.
+    assert set(environment.split()) <= {"PATH", "LANG", "HOME", "PYTHONDONTWRITEBYTECODE", "LC_CTYPE", "PWD"}
 
 
-def test_workdir_is_writable_bounded_and_removed(sandbox, tmp_path):
+def test_tmp_is_writable_and_bounded(sandbox):
     source = """
 import os
 with open("data.txt", "w") as f:
@@ -150,8 +170,7 @@ except OSError as exc:
     lines = result.stdout.splitlines()
     assert lines[0] == "kept"
     assert lines[1].startswith("stopped after") and int(lines[1].split()[2]) <= 2  # a 1 MiB tmpfs
-    sandbox.run("import time\ntime.sleep(10)", "")
-    assert list((tmp_path / "runs").iterdir()) == []
+    assert "kept" not in sandbox.run('print(open("data.txt").read())', "").stdout
 
 
 def test_bounded_fork_bomb_is_contained(sandbox):
@@ -312,53 +331,151 @@ def test_concurrent_runs_all_succeed(sandbox):
     assert {i: (r.status, r.stdout) for i, r in results.items()} == {i: ("ok", f"{2 * i}\n") for i in range(4)}
 
 
-def test_without_isolation_runs_are_refused(sandbox):
-    sandbox.isolation = Isolation(namespaces=False, separate_user=True, reason="namespaces refused (test)")
-    with pytest.raises(SandboxUnavailable, match="namespaces refused"):
-        sandbox.run("print(1)", "")
-
-
-def test_degraded_mode_still_limits_and_cleans_up(make_sandbox, open_dir):
-    # Without a mount namespace the program runs in the workdir itself, which its user must reach.
-    sandbox = make_sandbox(require_isolation=False, workdir_root=open_dir)
-    sandbox.isolation = Isolation(namespaces=False, separate_user=True, reason="namespaces refused (test)")
-    assert_still_works(sandbox)
-    source = """
-import os, time
-for _ in range(200):
-    if os.fork() == 0:
-        time.sleep(30)
-        os._exit(0)
-"""
-    assert sandbox.run(source, "").status == "runtime_error"  # stopped by the process limit
-    # The killed orphans belong to the host's init now, which may take a while to reap them.
-    assert slot_processes(sandbox, zombies=False) == []
-    assert sandbox.run("while True:\n    pass", "").status == "time_limit"
-
-
 REFUSED = """
-import sys
+import zerobubble.reward
 from zerobubble.reward.config import SandboxConfig
 from zerobubble.reward.sandbox import CodeSandbox, SandboxUnavailable
-strict = CodeSandbox(SandboxConfig(slots=1, workdir_root=sys.argv[1]))
-print(strict.isolation)
+sandbox = CodeSandbox(SandboxConfig(slots=1))
+print(sandbox.isolation.reason)
 try:
-    strict.run("print(1)", "")
+    sandbox.run("print(1)", "")
 except SandboxUnavailable:
     print("refused")
-print(CodeSandbox(SandboxConfig(slots=1, workdir_root=sys.argv[1], require_isolation=False)).run("print(1)", ""))
 """
 
 
-def test_refused_namespaces_are_reported_and_runs_refused(tmp_path):
-    # In a fresh user namespace without a uid mapping the service is not root and unshare is refused.
+def test_without_root_nothing_runs():
+    # In a fresh user namespace without a uid mapping the service is not root.
     unshare = shutil.which("unshare")
     if unshare is None:
         pytest.skip("util-linux unshare is not installed")
-    result = subprocess.run([unshare, "--user", sys.executable, "-c", REFUSED, str(tmp_path)],
+    result = subprocess.run([unshare, "--user", sys.executable, "-c", REFUSED],
                             capture_output=True, text=True, timeout=60)
-    isolation, refused, degraded = result.stdout.splitlines()
-    assert isolation.startswith("Isolation(namespaces=False, separate_user=False, reason='mount namespace: ")
-    assert "not running as root" in isolation
+    reason, refused = result.stdout.splitlines()
+    assert "not running as root" in reason
     assert refused == "refused"
-    assert degraded.startswith("RunResult(status='ok', exit_code=0, stdout='1\\n'")
+
+
+def test_world_readable_host_files_stay_unread(sandbox):
+    with host_secret_file() as (path, secret):
+        result = sandbox.run(read_file_program(path), "")
+    assert secret not in result.stdout
+    assert (result.status, result.stdout) == ("ok", "")
+
+
+def test_host_unix_sockets_are_out_of_reach(sandbox):
+    with host_sockets() as (path, abstract, listeners):
+        result = sandbox.run(connect_program(path, abstract), "")
+        for listener in listeners:
+            with pytest.raises(BlockingIOError):
+                listener.accept()
+    assert (result.status, result.stdout) == ("ok", "")
+
+
+def test_system_v_ipc_is_private_to_a_run_and_gone_after_it(sandbox):
+    message = f"zb-message-{uuid.uuid4().hex}"
+    with sysv_keys() as (shm_key, msg_key):
+        left = sandbox.run(sysv_leave_program(shm_key, msg_key, 64 * 1024 * 1024, message), "")
+        assert left.status == "ok", left
+        assert shm_key not in sysv_keys_on_host("-M")
+        assert msg_key not in sysv_keys_on_host("-Q")
+        # Runs take the free slots in turn, so this one runs under the other slot's uid.
+        later = sandbox.run(sysv_read_program(msg_key), "")
+    assert (later.status, later.stdout) == ("ok", "")
+
+
+def test_host_mounts_are_not_listed(sandbox):
+    host_only = host_only_mounts()
+    assert "/sys" in host_only
+    result = sandbox.run(mounts_program(host_only), "")
+    assert (result.status, result.stdout) == ("ok", "")
+
+
+def test_no_process_of_the_run_shows_a_host_path(sandbox):
+    source = """
+import glob
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    print(open(path).read().replace("\\0", " "))
+"""
+    result = sandbox.run(source, "")
+    assert result.status == "ok" and "sandbox_entry.py" in result.stdout  # it could read them
+    assert str(Path(zerobubble.reward.__file__).parent) not in result.stdout
+
+
+def test_memory_is_bounded_for_the_whole_run_not_per_process(sandbox):
+    # Four processes, each under the per-process limit, together well past the run's bound.
+    share = sandbox.config.memory_bytes * 6 // 10
+    result = sandbox.run(memory_program(4, share), "")
+    assert ESCAPED not in result.stdout
+    assert result.status == "memory_limit", result
+    assert_still_works(sandbox)
+
+
+def test_without_bubblewrap_nothing_runs(make_sandbox):
+    sandbox = make_sandbox(bwrap="/nonexistent/bwrap")
+    assert not sandbox.isolation.full
+    assert "bubblewrap" in sandbox.isolation.reason
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        sandbox.run("print(1)", "")
+
+
+def test_each_sandbox_has_its_own_cgroups_and_removes_them(make_sandbox):
+    first, second = make_sandbox(), make_sandbox()
+    assert first.cgroups.base != second.cgroups.base
+    assert [slot.exists() for slot in first.cgroups.slots] == [True, True]
+    first.close()
+    assert not first.cgroups.base.exists()
+    assert_still_works(second)
+
+
+def test_cgroups_left_by_a_dead_service_are_removed(make_sandbox):
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process
+    stale = make_sandbox().cgroups.base.parent / f"zerobubble-sandbox-{gone.pid}-0"
+    (stale / "slot-0").mkdir(parents=True)
+    make_sandbox()
+    assert not stale.exists()
+
+
+def test_closing_kills_the_runs_in_progress_and_refuses_new_ones(make_sandbox):
+    sandbox = make_sandbox(wall_seconds=60.0, cpu_seconds=60)
+    results = []
+    run = threading.Thread(target=lambda: results.append(sandbox.run("import time\ntime.sleep(60)", "")))
+    run.start()
+    started = time.monotonic()
+    while not any((slot / "cgroup.procs").read_text().split() for slot in sandbox.cgroups.slots):
+        assert time.monotonic() - started < 30, "the run never started"
+        time.sleep(0.05)
+    sandbox.close()
+    run.join(timeout=30)
+    assert not run.is_alive()
+    assert results[0].status != "ok"
+    assert not sandbox.cgroups.base.exists()
+    with pytest.raises(SandboxUnavailable, match="closed"):
+        sandbox.run("print(1)", "")
+
+
+FORGOTTEN = """
+from zerobubble.reward.config import SandboxConfig
+from zerobubble.reward.sandbox import CodeSandbox
+sandbox = CodeSandbox(SandboxConfig(slots=1))
+print(sandbox.cgroups.base, flush=True)
+"""
+
+
+def test_a_sandbox_nobody_closed_removes_its_cgroups_at_exit(sandbox):
+    result = subprocess.run([sys.executable, "-c", FORGOTTEN], capture_output=True, text=True, timeout=60)
+    base = Path(result.stdout.strip())
+    assert base.name.startswith("zerobubble-sandbox-"), result.stderr
+    assert not base.exists()
+
+
+def test_the_next_run_of_a_slot_gets_its_whole_memory_bound(make_sandbox):
+    # The kernel frees an IPC namespace's shared memory a moment after its last process exits: until then
+    # it still counts against the slot's bound.
+    sandbox = make_sandbox(slots=1)
+    share = sandbox.config.memory_bytes * 6 // 10
+    with sysv_keys() as (shm_key, msg_key):
+        assert sandbox.run(sysv_leave_program(shm_key, msg_key, share, "left"), "").status == "ok"
+    stat = dict(line.split() for line in (sandbox.cgroups.slots[0] / "memory.stat").read_text().splitlines())
+    assert int(stat["shmem"]) == 0

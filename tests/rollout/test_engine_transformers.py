@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 import torch
@@ -81,6 +83,24 @@ def test_stop_string_ends_response_and_is_kept(engine, prompts):
     assert stopped.token_ids.tolist() == sample.token_ids[:length].tolist()
     assert stopped.text.endswith(stop) and stopped.text.count(stop) == 1
     np.testing.assert_allclose(stopped.logprobs, sample.logprobs[:length], atol=LOGPROB_TOLERANCE)
+
+
+def test_memory_follows_the_tokens_produced_not_max_new_tokens(engine, prompts):
+    plain = [g[0] for g in engine.generate(prompts, greedy())]
+    sample = next(s for s in plain if any(32 <= a < 127 and 32 <= b < 127
+                                          for a, b in zip(s.token_ids[:-1], s.token_ids[1:], strict=True)))
+    prompt = prompts[plain.index(sample)]
+    stop, length = ascii_pair_stop(sample)
+    allowed = 10_000_000
+    # numpy reports its buffers to tracemalloc: per-token arrays sized by the limit would be 80 MB a row.
+    tracemalloc.start()
+    try:
+        stopped = engine.generate([prompt, prompt], greedy(max_new_tokens=allowed, stop=(stop,)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [s.token_ids.tolist() for g in stopped for s in g] == [sample.token_ids[:length].tolist()] * 2
+    assert peak < allowed, f"{peak} bytes traced while generating {length} tokens a row"
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])

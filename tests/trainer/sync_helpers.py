@@ -2,6 +2,8 @@
 worker processes (this file is also their entry point) that report every version they load as JSON lines.
 
     python sync_helpers.py --address HOST:PORT --worker-id w1
+
+A worker started with a token finds it in $ZEROBUBBLE_AUTH_TOKEN, as a service under `zerobubble up` does.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from prometheus_client import CollectorRegistry
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from zerobubble.common.config import ServerConfig
+from zerobubble.common.config import TOKEN_ENV, ClientConfig, ServerConfig
 from zerobubble.common.server import ServiceHost
 from zerobubble.trainer.broadcaster import WeightBroadcaster, WeightSyncConfig
 from zerobubble.trainer.servicer import SERVICE, TrainerServicer
@@ -96,12 +98,15 @@ class TrainerHandle:
 
 
 @contextmanager
-def trainer_service(listen: str = "127.0.0.1:0", **sync: Any) -> Iterator[TrainerHandle]:
-    """A trainer service on loopback: the real broadcaster and servicer, a stub training loop."""
+def trainer_service(listen: str = "127.0.0.1:0", token_file: Path | None = None,
+                    **sync: Any) -> Iterator[TrainerHandle]:
+    """A trainer service on loopback: the real broadcaster and servicer, a stub training loop; with `token_file`,
+    every call but health checks must carry the token in it."""
     registry = CollectorRegistry()
     broadcaster = WeightBroadcaster(WeightSyncConfig(**sync), registry).start()
     control = StubControl()
-    host = ServiceHost("trainer", ServerConfig(listen=listen, metrics_port=None, grace_seconds=0), registry)
+    server = ServerConfig(listen=listen, metrics_port=None, grace_seconds=0, auth_token_file=token_file)
+    host = ServiceHost("trainer", server, registry)
     host.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
              TrainerServicer(broadcaster, control), SERVICE.full_name)
     host.start()
@@ -115,9 +120,12 @@ def trainer_service(listen: str = "127.0.0.1:0", **sync: Any) -> Iterator[Traine
 class WorkerProcess:
     """A rollout worker in its own process; `expect` waits for a reported event."""
 
-    def __init__(self, address: str, worker_id: str, *, device: str = "cpu"):
+    def __init__(self, address: str, worker_id: str, *, device: str = "cpu", token: str | None = None):
         self.worker_id = worker_id
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+        env.pop(TOKEN_ENV, None)
+        if token is not None:
+            env[TOKEN_ENV] = token
         self.process = subprocess.Popen(
             [sys.executable, str(HERE / "sync_helpers.py"), "--address", address, "--worker-id", worker_id,
              "--device", device],
@@ -177,7 +185,8 @@ def _worker_main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     engine = StandInEngine(tiny_model(seed=12345))
-    with TrainerClient(args.address) as client:
+    trainer = ClientConfig(address=args.address, auth_token_env=TOKEN_ENV if TOKEN_ENV in os.environ else None)
+    with TrainerClient(trainer) as client:
         receiver = WeightReceiver(client, args.worker_id, args.device, first_backoff_s=0.05,
                                   max_backoff_s=0.5).start()
         print(json.dumps({"event": "started"}), flush=True)

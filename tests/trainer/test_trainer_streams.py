@@ -23,7 +23,7 @@ WATCH = "/zerobubble.v1.TrainerService/WatchWeights"
 
 
 def test_a_thousand_idle_watch_streams_leave_health_checks_and_status_answering():
-    with trainer_service() as trainer, TrainerClient(trainer.address) as client:
+    with trainer_service(max_members=1000) as trainer, TrainerClient(trainer.address) as client:
         members = [f"w{i}" for i in range(1000)]
         for worker_id in members:
             client.join(worker_id)
