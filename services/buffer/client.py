@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+
+import grpc
 
 from zerobubble.buffer.allocator import keep_large_buffers_in_heap
 from zerobubble.common.client import ServiceClient
 from zerobubble.common.config import ClientConfig
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,25 +56,43 @@ class BufferClient(ServiceClient):
 
     def pull(
         self, rank: int, world_size: int, max_groups: int, *, wait_seconds: float = 0.0,
-        trainer_id: str = "", timeout: float | None = None,
+        timeout: float | None = None,
     ) -> PullResult:
+        """Up to `max_groups` groups, each acknowledged: they are the caller's to train on and commit. A stream
+        cut midway still gives the groups that came before the cut; those the buffer had already taken back
+        are left out (they come again). Raises only when nothing came, or the acknowledgement failed (then
+        whatever came goes back to the buffer's queue)."""
         request = buffer_pb2.PullRequest(rank=rank, world_size=world_size, max_groups=max_groups,
-                                         wait_seconds=wait_seconds, trainer_id=trainer_id)
+                                         wait_seconds=wait_seconds)
         # The server may rightly take wait_seconds before it answers: the deadline comes on top.
         replies = self.stream("PullBatch", request,
                               timeout=wait_seconds + (timeout or self.config.timeout_seconds))
         groups, end_of_data = [], False
-        for reply in replies:
-            if reply.end_of_data:
-                end_of_data = True
-            else:
-                groups.append(reply)
-        return PullResult(groups, end_of_data)
+        try:
+            for reply in replies:
+                if reply.end_of_data:
+                    end_of_data = True
+                else:
+                    groups.append(reply)
+        except grpc.RpcError as exc:
+            if not groups:
+                raise
+            log.warning("a pull stream broke after %d groups (%s: %s); keeping them", len(groups),
+                        exc.code().name, exc.details())
+        if not groups:
+            return PullResult(groups, end_of_data)
+        refused = set(self.acknowledge([g.delivery for g in groups], timeout=timeout))
+        if refused:
+            log.warning("%d groups received were no longer ours to keep; they come again", len(refused))
+        return PullResult([g for g in groups if g.delivery not in refused], end_of_data)
 
-    def commit(self, delivery: int, *, step: int = 0, resume: bool = False, trainer_id: str = "",
-               timeout: float | None = None) -> None:
-        request = buffer_pb2.CommitRequest(trainer_id=trainer_id, delivery=delivery, step=step, resume=resume)
-        self.unary("Commit", request, timeout=timeout)
+    def acknowledge(self, deliveries: Sequence[int], *, timeout: float | None = None) -> list[int]:
+        """Claim pulled groups; returns the deliveries that may not be kept (the buffer will send them again)."""
+        reply = self.unary("Acknowledge", buffer_pb2.AcknowledgeRequest(deliveries=deliveries), timeout=timeout)
+        return list(reply.refused)
+
+    def commit(self, delivery: int, *, resume: bool = False, timeout: float | None = None) -> None:
+        self.unary("Commit", buffer_pb2.CommitRequest(delivery=delivery, resume=resume), timeout=timeout)
 
     def set_policy_version(self, version: int, *, timeout: float | None = None) -> None:
         self.unary("SetPolicyVersion", buffer_pb2.SetPolicyVersionRequest(version=version), timeout=timeout)

@@ -8,6 +8,11 @@ The log rolls to a new segment once the active one holds `wal.segment_bytes`; ea
 with a snapshot of the whole state (the groups in it by their log locations, not their bytes), so
 a segment can be released as soon as none of its groups is queued or awaiting a commit, and replay
 still ends in the same state. Nothing is ever copied forward.
+
+A group sent to a trainer rank is only the receiver's once it is acknowledged: a stream can be cut after
+the buffer wrote a group and before the receiver read it. Unacknowledged deliveries go back to the head of
+the queue `pull.ack_timeout_seconds` after their stream ended, when the trainer resumes, and when the
+buffer restarts (no stream outlives it), so a cut stream loses nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from zerobubble.buffer.prompts import PromptFileError, PromptSource
 from zerobubble.buffer.store import ExperienceStore, ProducerDedup, StoredGroup
 from zerobubble.buffer.validation import check_group
 from zerobubble.buffer.wal import Record, WriteAheadLog
-from zerobubble.common.errors import InvalidInput, Overloaded
-from zerobubble.v1 import common_pb2
+from zerobubble.common.errors import InvalidInput, Overloaded, TemporarilyUnavailable, TooLarge
+from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,8 @@ class Kind(IntEnum):
     RESUME = 7     # the trainer restarted from a checkpoint: later deliveries come again
     VERSION = 8    # the trainer's current policy version
     SNAPSHOT = 9   # the whole state, first in every segment after the first
+    ACKED = 10     # deliveries the receiver acknowledged: now awaiting its commit
+    RETURNED = 11  # unacknowledged deliveries whose time ran out: back at the head of the queue
 
 
 @dataclass
@@ -66,6 +73,7 @@ class LeaseGrant:
 class PushOutcome:
     stored: bool
     filtered: str = ""
+    not_stored: int = buffer_pb2.NOT_STORED_UNSPECIFIED
 
 
 @dataclass
@@ -82,10 +90,17 @@ class Counters:
     groups_out: int = 0
     filtered: int = 0
     stale_dropped: int = 0
+    returned: int = 0
 
 
 def _never() -> bool:
     return False
+
+
+def producer_key(producer_id: str, incarnation: str) -> str:
+    """Who made a group, for deduplication: a restarted producer is another one. Without an incarnation the key
+    is the bare id, as in logs written before incarnations; ids are printable, so the newline never collides."""
+    return f"{producer_id}\n{incarnation}" if incarnation else producer_id
 
 
 class Buffer:
@@ -112,6 +127,9 @@ class Buffer:
                                    max_producers=config.capacity.max_producers)
         self.counters = Counters()
         self.policy_version = 0
+        # When each unacknowledged delivery goes back to the queue (by `clock`); not logged, as no stream that
+        # could still acknowledge one outlives the process.
+        self._ack_deadlines: dict[int, float] = {}
         self.wal = WriteAheadLog(config.wal.directory, fsync=config.wal.fsync,
                                  interval_seconds=config.wal.interval_seconds, reuse_files=config.wal.reuse_files)
         with self._cond:
@@ -127,7 +145,11 @@ class Buffer:
     # Durable state: every change goes through _log, and _apply is also the replay.
 
     def _log(self, kind: Kind, meta: dict[str, Any], blob: bytes = b"") -> None:
-        location = self.wal.append(kind, meta, blob)
+        try:
+            location = self.wal.append(kind, meta, blob)
+        except OSError as exc:
+            # A full disk: nothing was applied, and the caller may try again once there is room.
+            raise TemporarilyUnavailable(f"the write-ahead log cannot be written: {exc}") from exc
         self._apply(Record(kind, meta, blob, location))
         self._release_dead_segments()
 
@@ -137,12 +159,16 @@ class Buffer:
         happens while pushes and pulls go on."""
         if self.wal.active_bytes < self.config.wal.segment_bytes:
             return
-        if self.wal.fsync != "never":
-            self.wal.sync()
-        with self._cond:
-            if self.wal.active_bytes >= self.config.wal.segment_bytes:
-                self.wal.roll(Kind.SNAPSHOT, self._snapshot())
-                self._release_dead_segments()
+        try:
+            if self.wal.fsync != "never":
+                self.wal.sync()
+            with self._cond:
+                if self.wal.active_bytes >= self.config.wal.segment_bytes:
+                    self.wal.roll(Kind.SNAPSHOT, self._snapshot())
+                    self._release_dead_segments()
+        except OSError as exc:
+            # What was asked is done and logged; the segment only grows past its size until a roll succeeds.
+            log.warning("cannot start a new write-ahead log segment (%s); trying again later", exc)
 
     def _release_dead_segments(self) -> None:
         dead = [segment for segment in self.wal.segments[:-1] if not self.store.live_segments[segment]]
@@ -155,7 +181,7 @@ class Buffer:
         present = set(self.wal.segments)
         gone = [d for d, group in self.store.delivered.items() if group.location.segment not in present]
         if gone:
-            self.store.commit(max(gone))  # commits are cumulative: everything up to it was consumed
+            self.store.drop_delivered(gone)
         lost = [gid for gid, group in self.store.queue.items() if group.location.segment not in present]
         for gid in lost:
             self.store.remove(gid)
@@ -173,6 +199,7 @@ class Buffer:
                     f"{self.config.prompts.path}; use another wal.directory for it"
                 )
             self.leases.incarnation = meta["incarnation"]
+            self._give_back(sorted(self.store.unacked))
         elif kind is Kind.GROUP:
             if not copy:
                 self._finish_prompt(meta)
@@ -183,7 +210,8 @@ class Buffer:
             self._finish_prompt(meta)
             self.counters.filtered += 1
         elif kind is Kind.DELIVERED:
-            self.store.deliver(meta["gid"], meta["delivery"])
+            # Logs written before deliveries were acknowledged counted a group the receiver's once sent.
+            self.store.deliver(meta["gid"], meta["delivery"], acked=not meta.get("unacked", False))
             self.counters.groups_out += not copy
         elif kind is Kind.STALE:
             self.store.remove(meta["gid"])
@@ -191,18 +219,30 @@ class Buffer:
         elif kind is Kind.COMMIT:
             self.store.commit(meta["delivery"])
         elif kind is Kind.RESUME:
+            # The trainer holds nothing but what its checkpoint covers: everything else comes again.
             self.store.commit(meta["delivery"])
-            self.store.redeliver_after(meta["delivery"])
+            self._give_back(list(self.store.delivered))
+        elif kind is Kind.ACKED:
+            for delivery in meta["deliveries"]:
+                self.store.acknowledge(delivery)
+        elif kind is Kind.RETURNED:
+            self._give_back(meta["deliveries"])
         elif kind is Kind.VERSION:
             self.policy_version = meta["version"]
         elif kind is Kind.SNAPSHOT:
             self._restore(meta)
 
+    def _give_back(self, deliveries: list[int]) -> None:
+        self.counters.returned += sum(d in self.store.unacked for d in deliveries)
+        self.store.give_back(deliveries)
+        for delivery in deliveries:
+            self._ack_deadlines.pop(delivery, None)
+
     def _finish_prompt(self, meta: dict[str, Any]) -> None:
         key = (meta["epoch"], meta["index"])
         if not self.leases.is_done(key):
             self.leases.mark_done(key)
-        self.dedup.record(meta["producer"], meta["sequence"])
+        self.dedup.record(producer_key(meta["producer"], meta.get("incarnation", "")), meta["sequence"])
 
     def _snapshot(self) -> dict[str, Any]:
         next_epoch, done = self.leases.snapshot()
@@ -282,14 +322,14 @@ class Buffer:
         self, group: common_pb2.ExperienceGroup, payload: bytes | None = None, *,
         cancelled: Callable[[], bool] = _never,
     ) -> PushOutcome:
-        """Store one group exactly once, waiting while the buffer is full; InvalidInput refuses it whole.
+        """Store one group exactly once, waiting while the buffer is full. InvalidInput or TooLarge refuse it
+        whole, TemporarilyUnavailable too when the log cannot be written (then it is worth sending again).
 
         `payload` is the group's serialized form when the caller already has it."""
         payload = group.SerializeToString() if payload is None else payload
-        check_group(group, len(payload), num_generations=self.config.filters.num_generations,
-                    max_bytes=self.config.capacity.max_group_bytes)
+        check_group(group, len(payload), self.config, policy_version=self.policy_version)
         epoch, index = self.leases.key_of(group.prompt.prompt_id, group.prompt.epoch)
-        producer, sequence = group.producer_id, group.sequence
+        producer, sequence = producer_key(group.producer_id, group.producer_incarnation), group.sequence
         rejection = accuracy_rejection(group, self.config.filters.accuracy_range)
         with self._cond:
             if group.lease_id:
@@ -297,14 +337,17 @@ class Buffer:
             while True:
                 self.leases.expire()
                 if self.dedup.seen(producer, sequence):
-                    return PushOutcome(False, "duplicate: this producer and sequence were already accepted")
+                    return PushOutcome(False, "duplicate: this producer and sequence were already accepted",
+                                       buffer_pb2.NOT_STORED_DUPLICATE)
                 if self.leases.is_done((epoch, index)):
                     return PushOutcome(False, f"duplicate: prompt {group.prompt.prompt_id!r} of epoch "
-                                              f"{epoch} already has a group")
-                meta = {"producer": producer, "sequence": sequence, "epoch": epoch, "index": index}
+                                              f"{epoch} already has a group", buffer_pb2.NOT_STORED_PROMPT_DONE)
+                meta = {"producer": group.producer_id, "sequence": sequence, "epoch": epoch, "index": index}
+                if group.producer_incarnation:
+                    meta["incarnation"] = group.producer_incarnation
                 if rejection:
                     self._log(Kind.FILTERED, meta)
-                    return PushOutcome(False, rejection)
+                    return PushOutcome(False, rejection, buffer_pb2.NOT_STORED_ACCURACY)
                 if self.store.has_room(len(payload)):
                     break
                 if cancelled():
@@ -335,17 +378,42 @@ class Buffer:
             raise InvalidInput(f"expected 0 to {self.config.pull.max_wait_seconds}, got {wait_seconds}",
                                field="wait_seconds")
         deadline = time.monotonic() + wait_seconds
-        for _ in range(max_groups):
-            item = self._take(deadline, cancelled)
-            if item is None:
-                return
-            yield item
-            if item.payload is None:
-                return
+        sent: list[int] = []
+        try:
+            for _ in range(max_groups):
+                item = self._take(deadline, cancelled, sent)
+                if item is None:
+                    return
+                if item.payload is not None:
+                    sent.append(item.delivery)
+                yield item
+                if item.payload is None:
+                    return
+        finally:
+            self._stream_ended(sent)
 
-    def _take(self, deadline: float, cancelled: Callable[[], bool]) -> Pulled | None:
+    def _stream_ended(self, sent: list[int]) -> None:
+        """The receiver has what it will get of this stream: what it does not acknowledge soon was lost."""
+        with self._cond:
+            due = self.clock() + self.config.pull.ack_timeout_seconds
+            for delivery in sent:
+                if delivery in self._ack_deadlines:
+                    self._ack_deadlines[delivery] = min(self._ack_deadlines[delivery], due)
+
+    def _return_overdue(self) -> None:
+        """Called under the lock: unacknowledged deliveries whose time ran out go back to the queue."""
+        now = self.clock()
+        overdue = sorted(d for d, due in self._ack_deadlines.items() if due <= now)
+        if overdue:
+            self._log(Kind.RETURNED, {"deliveries": overdue})
+            log.info("%d groups sent to the trainer were not acknowledged in time; they will be sent again",
+                     len(overdue))
+            self._cond.notify_all()
+
+    def _take(self, deadline: float, cancelled: Callable[[], bool], sent: list[int]) -> Pulled | None:
         with self._cond:
             while True:
+                self._return_overdue()
                 group = self.store.peek()
                 while group is not None and is_stale(group.version, self.policy_version,
                                                      self.config.filters.max_staleness):
@@ -354,15 +422,39 @@ class Buffer:
                 if group is not None:
                     payload = group.payload if group.payload is not None else self.wal.read(group.location).blob
                     delivery = self.store.next_delivery
-                    self._log(Kind.DELIVERED, {"gid": group.gid, "delivery": delivery})
+                    self._log(Kind.DELIVERED, {"gid": group.gid, "delivery": delivery, "unacked": True})
+                    # Until the stream ends (at the latest when its wait does) and its receiver had time to answer.
+                    self._ack_deadlines[delivery] = (self.clock() + max(0.0, deadline - time.monotonic())
+                                                     + self.config.pull.ack_timeout_seconds)
                     self._cond.notify_all()
                     return Pulled(payload, delivery)
-                if self.leases.end_of_data:
+                # Deliveries still unacknowledged elsewhere may yet come back to the queue; those of this very
+                # stream reach its receiver before the mark does.
+                if self.leases.end_of_data and self.store.unacked.issubset(sent):
                     return Pulled(None)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or cancelled():
                     return None
                 self._cond.wait(min(remaining, POLL_SECONDS))
+
+    def acknowledge(self, deliveries: Sequence[int]) -> list[int]:
+        """The receiver has these deliveries; returns those it may not keep (they went back to the queue, or
+        were never its own in this buffer's life), which will be delivered again."""
+        limit = self.config.pull.max_groups
+        if len(deliveries) > limit:
+            raise TooLarge(f"{len(deliveries)} deliveries, over the limit of {limit}", field="deliveries")
+        with self._cond:
+            for i, delivery in enumerate(deliveries):
+                if delivery < 1:
+                    raise InvalidInput(f"must be at least 1, got {delivery}", field=f"deliveries[{i}]")
+                self.store.check_delivery(delivery, field=f"deliveries[{i}]")
+            self._return_overdue()
+            fresh = sorted({d for d in deliveries if d in self.store.unacked})
+            if fresh:
+                self._log(Kind.ACKED, {"deliveries": fresh})
+                for delivery in fresh:
+                    del self._ack_deadlines[delivery]
+            return [d for d in deliveries if d not in self.store.delivered]
 
     def commit(self, delivery: int, *, resume: bool = False) -> None:
         with self._cond:
@@ -375,9 +467,12 @@ class Buffer:
         self._roll_when_due()
 
     def set_policy_version(self, version: int) -> None:
-        if version < 0:
-            raise InvalidInput(f"must not be negative, got {version}", field="version")
+        """Going back is allowed: a trainer that resumed from an older checkpoint counts from there again."""
         with self._cond:
+            highest = self.policy_version + self.config.validation.max_version_jump
+            if not 0 <= version <= highest:
+                raise InvalidInput(f"expected 0 to {highest} (the current {self.policy_version} plus "
+                                   f"validation.max_version_jump), got {version}", field="version")
             if version != self.policy_version:
                 self._log(Kind.VERSION, {"version": version})
                 self._cond.notify_all()
@@ -385,7 +480,9 @@ class Buffer:
     def stats(self) -> dict[str, Any]:
         with self._cond:
             self.leases.expire()
+            self._return_overdue()
             return {
+                "unacknowledged": len(self.store.unacked),
                 "queued_groups": len(self.store.queue),
                 "queued_bytes": self.store.queued_bytes,
                 **vars(self.counters),

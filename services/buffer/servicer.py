@@ -14,9 +14,10 @@ import grpc
 from google.protobuf.message_factory import GetMessageClass
 
 from zerobubble.buffer.core import Buffer, Pulled
+from zerobubble.buffer.filters import not_stored_label
 from zerobubble.buffer.metrics import BufferMetrics
 from zerobubble.buffer.read_ahead import read_ahead
-from zerobubble.common.errors import InvalidInput, Overloaded
+from zerobubble.common.errors import Overloaded, ServiceError
 from zerobubble.common.status import status_of, translate_errors
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 
@@ -90,14 +91,17 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             ack = buffer_pb2.PushAck(producer_id=group.producer_id, sequence=group.sequence)
             try:
                 outcome = self.core.push(group, wire.payload, cancelled=gone)
-            except InvalidInput as exc:
+            except Overloaded:
+                return  # the caller left while the push waited for room
+            except ServiceError as exc:
                 ack.code = status_of(exc).value[0]
                 ack.error = str(exc)
-            except Overloaded:
-                return
             else:
                 ack.stored = outcome.stored
                 ack.filtered = outcome.filtered
+                ack.not_stored = outcome.not_stored
+                if not outcome.stored:
+                    self.metrics.not_stored.labels(reason=not_stored_label(outcome.not_stored)).inc()
             self.metrics.push_seconds.observe(time.perf_counter() - started)
             yield ack
 
@@ -112,6 +116,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             if item.payload is not None:
                 self.metrics.pull_seconds.observe(time.perf_counter() - started)
             yield pulled_group_bytes(item)
+
+    @translate_errors
+    def Acknowledge(self, request, context):
+        return buffer_pb2.AcknowledgeReply(refused=self.core.acknowledge(request.deliveries))
 
     @translate_errors
     def Commit(self, request, context):

@@ -38,8 +38,10 @@ def push_all(buffer, prompts, producer="w", first_sequence=0, **group_options):
 
 
 def pulled_groups(buffer, count, wait=0.0):
-    items = list(buffer.pull(0, 1, count, wait))
-    return [(common_pb2.ExperienceGroup.FromString(i.payload), i.delivery) for i in items if i.payload is not None]
+    """Pulled and acknowledged, as the trainer's client does."""
+    items = [i for i in buffer.pull(0, 1, count, wait) if i.payload is not None]
+    assert buffer.acknowledge([i.delivery for i in items]) == []
+    return [(common_pb2.ExperienceGroup.FromString(i.payload), i.delivery) for i in items]
 
 
 def test_every_prompt_ends_in_exactly_one_group_and_the_end_is_signalled(open_buffer):

@@ -31,7 +31,7 @@ def test_lease_push_pull_commit_round_trip(serve):
     pulled = client.pull(0, 1, 10, wait_seconds=5)
     assert pulled.end_of_data and pulled.last_delivery == 4
     assert sorted(prompt_key(g.group) for g in pulled.groups) == sorted(prompt_key(p) for p in reply.prompts)
-    client.commit(pulled.last_delivery, step=1)
+    client.commit(pulled.last_delivery)
     stats = client.stats()
     assert (stats.groups_in, stats.groups_out, stats.queued_groups, stats.end_of_data) == (4, 4, 0, True)
     assert client.lease("w", 1).end_of_data
