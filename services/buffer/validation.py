@@ -32,15 +32,34 @@ def _check_name(value: str, field: str, *, required: bool) -> None:
         raise InvalidInput("must be printable characters only", field=field)
 
 
-def _check_tokens(tokens: np.ndarray, field: str, *, limit: int, vocab_size: int | None) -> None:
+def _check_length(tokens: np.ndarray, field: str, limit: int) -> None:
     if len(tokens) == 0:
         raise InvalidInput("must not be empty", field=field)
     if len(tokens) > limit:
         raise TooLarge(f"{len(tokens)} tokens, over the limit of {limit}", field=field)
-    low, high = int(tokens.min()), int(tokens.max())
-    if low < 0 or (vocab_size is not None and high >= vocab_size):
-        bound = "" if vocab_size is None else f", below the vocabulary size {vocab_size}"
-        raise InvalidInput(f"token ids must be non-negative{bound}; got {low} to {high}", field=field)
+
+
+def _ids_problem(ids: np.ndarray, vocab_size: int | None) -> str:
+    # Read as unsigned, a negative id is above any vocabulary: one pass checks both bounds.
+    if ids.min() >= 0 if vocab_size is None else ids.view(np.uint32).max() < vocab_size:
+        return ""
+    bound = "" if vocab_size is None else f", below the vocabulary size {vocab_size}"
+    return f"token ids must be non-negative{bound}; got {int(ids.min())} to {int(ids.max())}"
+
+
+def _logprobs_problem(logprobs: np.ndarray) -> str:
+    # min and max carry a NaN through: two reductions instead of a mask per condition.
+    if not (np.isfinite(logprobs.min()) and logprobs.max() <= LOGPROB_TOLERANCE):
+        return "log-probabilities must be finite and not above 0"
+    return ""
+
+
+def _check_all(arrays: list[np.ndarray], name: str, problem) -> None:
+    """One check over the arrays of every trajectory at once (most groups pass, and numpy's cost is per
+    call); on a failure, the first trajectory at fault is named."""
+    if problem(np.concatenate(arrays)):
+        index, found = next((i, problem(a)) for i, a in enumerate(arrays) if problem(a))
+        raise InvalidInput(found, field=f"trajectories[{index}].{name}")
 
 
 def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServiceConfig, *,
@@ -59,7 +78,9 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
     if not group.HasField("prompt") or not group.prompt.prompt_id:
         raise InvalidInput("must not be empty", field="prompt.prompt_id")
     prompt = decode_array(group.prompt_ids, "prompt_ids", dtype="int32", ndim=1)
-    _check_tokens(prompt, "prompt_ids", limit=limits.max_prompt_tokens, vocab_size=limits.vocab_size)
+    _check_length(prompt, "prompt_ids", limits.max_prompt_tokens)
+    if problem := _ids_problem(prompt, limits.vocab_size):
+        raise InvalidInput(problem, field="prompt_ids")
     count = len(group.trajectories)
     if count > limits.max_trajectories:
         raise TooLarge(f"{count} trajectories, over the limit of {limits.max_trajectories}", field="trajectories")
@@ -68,19 +89,16 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
         expected = num_generations if num_generations is not None else "at least 1"
         raise InvalidInput(f"expected {expected} trajectories, got {count}", field="trajectories")
     newest = policy_version + limits.max_version_ahead
+    responses, logprobs = [], []
     for i, trajectory in enumerate(group.trajectories):
         where = f"trajectories[{i}]"
         tokens = decode_array(trajectory.response_ids, f"{where}.response_ids", dtype="int32", ndim=1)
-        _check_tokens(tokens, f"{where}.response_ids", limit=limits.max_response_tokens,
-                      vocab_size=limits.vocab_size)
-        logprobs = decode_array(
+        _check_length(tokens, f"{where}.response_ids", limits.max_response_tokens)
+        behaviour = decode_array(
             trajectory.behaviour_logprobs, f"{where}.behaviour_logprobs", dtype="float32", ndim=1
         )
-        if len(logprobs) != len(tokens):
-            raise InvalidInput(f"{len(logprobs)} log-probs for {len(tokens)} tokens",
-                               field=f"{where}.behaviour_logprobs")
-        if not (np.isfinite(logprobs).all() and (logprobs <= LOGPROB_TOLERANCE).all()):
-            raise InvalidInput("log-probabilities must be finite and not above 0",
+        if len(behaviour) != len(tokens):
+            raise InvalidInput(f"{len(behaviour)} log-probs for {len(tokens)} tokens",
                                field=f"{where}.behaviour_logprobs")
         if trajectory.finish_reason not in FINISH_REASONS:
             raise InvalidInput(f"expected FINISH_REASON_STOP or FINISH_REASON_LENGTH, got {trajectory.finish_reason}",
@@ -94,3 +112,7 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
             raise InvalidInput(f"expected 0 to {newest} (the buffer's policy version {policy_version} plus "
                                f"validation.max_version_ahead), got {trajectory.policy_version}",
                                field=f"{where}.policy_version")
+        responses.append(tokens)
+        logprobs.append(behaviour)
+    _check_all(responses, "response_ids", lambda ids: _ids_problem(ids, limits.vocab_size))
+    _check_all(logprobs, "behaviour_logprobs", _logprobs_problem)
