@@ -176,6 +176,17 @@ def test_poisoned_groups_are_refused_in_their_own_ack_naming_the_field(serve):
     assert all(a.stored for a in healthy), "nothing of a refused group was kept"
 
 
+@pytest.mark.parametrize("lease_id", ["\u00b2.1", "1." + "9" * 5000])
+def test_lease_ids_that_are_no_numbers_are_refused_naming_the_field(serve, lease_id):
+    _, client = serve(prompts=2)
+    prompt = client.lease("w", 1).prompts[0]
+    ack = list(client.push([make_group(prompt, "w", 0, lease_id=lease_id)]))[0]
+    assert ack.code == INVALID.value[0] and ack.error.startswith("lease_id:")
+    with pytest.raises(grpc.RpcError) as refused:
+        client.complete(lease_id)
+    assert refused.value.code() == INVALID and refused.value.details().startswith("lease_id:")
+
+
 def test_requests_with_huge_counts_are_refused_naming_the_field(serve):
     _, client = serve()
     for call, field in [(lambda: client.lease("w", 2**31 - 1), "count"),
