@@ -11,13 +11,14 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
 from zerobubble.buffer.core import Buffer, Pulled
 from zerobubble.buffer.filters import not_stored_label
 from zerobubble.buffer.metrics import BufferMetrics
 from zerobubble.buffer.read_ahead import read_ahead
-from zerobubble.common.errors import Overloaded, ServiceError
+from zerobubble.common.errors import InvalidInput, Overloaded, ServiceError
 from zerobubble.common.status import status_of, translate_errors
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 
@@ -27,14 +28,18 @@ GROUP_TAG = b"\x0a"  # PulledGroup.group: field 1, length-delimited
 
 @dataclass(frozen=True)
 class WireGroup:
-    """A pushed group parsed, with the bytes it came in."""
+    """A pushed group parsed, with the bytes it came in; `group` is None when they are no ExperienceGroup
+    (refused in that group's ack: a failed deserializer would end the whole stream with INTERNAL)."""
 
     payload: bytes
-    group: common_pb2.ExperienceGroup
+    group: common_pb2.ExperienceGroup | None
 
     @classmethod
     def parse(cls, payload: bytes) -> WireGroup:
-        return cls(payload, common_pb2.ExperienceGroup.FromString(payload))
+        try:
+            return cls(payload, common_pb2.ExperienceGroup.FromString(payload))
+        except DecodeError:
+            return cls(payload, None)
 
 
 def _varint(value: int) -> bytes:
@@ -88,8 +93,11 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         for wire in groups:
             started = time.perf_counter()
             group = wire.group
-            ack = buffer_pb2.PushAck(producer_id=group.producer_id, sequence=group.sequence)
+            ack = buffer_pb2.PushAck()
             try:
+                if group is None:
+                    raise InvalidInput(f"{len(wire.payload)} bytes that are no ExperienceGroup", field="group")
+                ack.producer_id, ack.sequence = group.producer_id, group.sequence
                 outcome = self.core.push(group, wire.payload, cancelled=gone)
             except Overloaded:
                 return  # the caller left while the push waited for room

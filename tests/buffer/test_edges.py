@@ -176,6 +176,17 @@ def test_poisoned_groups_are_refused_in_their_own_ack_naming_the_field(serve):
     assert all(a.stored for a in healthy), "nothing of a refused group was kept"
 
 
+def test_bytes_that_are_no_group_are_refused_in_their_own_ack(serve):
+    host, client = serve(prompts=1)
+    prompt = client.lease("w", 1).prompts[0]
+    with grpc.insecure_channel(host.address) as channel:
+        push = channel.stream_stream("/zerobubble.v1.BufferService/PushExperience",
+                                     request_serializer=bytes, response_deserializer=buffer_pb2.PushAck.FromString)
+        acks = list(push(iter([b"\xff\xff\xff", make_group(prompt, "w", 0).SerializeToString()]), timeout=10))
+    assert [(a.code, a.stored) for a in acks] == [(INVALID.value[0], False), (0, True)]
+    assert acks[0].error.startswith("group:")
+
+
 @pytest.mark.parametrize("lease_id", ["\u00b2.1", "1." + "9" * 5000])
 def test_lease_ids_that_are_no_numbers_are_refused_naming_the_field(serve, lease_id):
     _, client = serve(prompts=2)
