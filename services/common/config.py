@@ -42,8 +42,10 @@ class ServerConfig(Schema):
     metrics_port: int | None = Field(0, description="Prometheus /metrics port; 0 picks one, null disables")
     metrics_host: str = "127.0.0.1"
     max_message_bytes: int = Field(64 * 1024 * 1024, gt=0)
-    max_workers: int = Field(16, gt=0, description="threads serving RPCs")
-    grace_seconds: float = Field(10.0, ge=0, description="on SIGTERM, how long in-flight calls may finish")
+    max_workers: int = Field(16, gt=0, description="threads for sync handlers and blocking core work; streams "
+                             "that wait hold none")
+    grace_seconds: float = Field(10.0, ge=0, description="on SIGTERM, how long in-flight calls may finish; "
+                                 "those still open then are cancelled")
     tls: TLSConfig = TLSConfig()
     auth_token: str | None = Field(None, description="if set, calls must send 'authorization: Bearer <token>'")
 

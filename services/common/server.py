@@ -1,15 +1,22 @@
 """One bootstrap for every service: gRPC server with health checking, reflection, metrics, TLS,
-bearer-token check, message-size limits and graceful shutdown on SIGTERM."""
+bearer-token check, message-size limits and graceful shutdown on SIGTERM.
+
+The server is grpc's asyncio server on an event loop of its own thread, so an open stream costs a
+coroutine, not a thread: a thousand idle streams leave health checks and unary calls as fast as
+with none. The rest of a service stays threaded (see `ServiceHost`).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import inspect
 import logging
 import signal
 import threading
-from collections.abc import Callable
-from concurrent import futures
-from typing import Any
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,6 +28,21 @@ from zerobubble.common.config import ServerConfig
 log = logging.getLogger(__name__)
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+T = TypeVar("T")
+
+_HANDLER_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _with_behavior(handler: grpc.RpcMethodHandler, behavior: Callable) -> grpc.RpcMethodHandler:
+    """The same method (kind and codecs) served by another function."""
+    return _HANDLER_KINDS[handler.request_streaming, handler.response_streaming](
+        behavior, request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer)
 
 
 def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
@@ -38,34 +60,143 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     )
 
 
-class BearerTokenCheck(grpc.ServerInterceptor):
+class BearerTokenCheck(grpc.aio.ServerInterceptor):
     """Refuses calls without 'authorization: Bearer <token>'. Health checks stay open for probes."""
 
     def __init__(self, token: str):
         self._expected = f"Bearer {token}".encode()
 
-    def intercept_service(self, continuation, handler_call_details):
-        if handler_call_details.method.startswith(HEALTH_PREFIX):
-            return continuation(handler_call_details)
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(HEALTH_PREFIX):
+            return handler
         sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
         if hmac.compare_digest(sent.encode(), self._expected):
-            return continuation(handler_call_details)
-        return _refusal(handler_call_details.method)
+            return handler
+        method = handler_call_details.method
+
+        async def deny(request_or_iterator, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: missing or wrong bearer token")
+
+        # The refusal takes the method's kind: the server reads requests by the handler's kind.
+        return _with_behavior(handler, deny)
 
 
-def _refusal(method: str) -> grpc.RpcMethodHandler:
-    def deny(request_or_iterator, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: missing or wrong bearer token")
+class ThreadedContext:
+    """What a sync handler saw of its call on the thread-per-call server: `is_active()`,
+    `add_callback()` and a blocking `abort()`; the aio context's other plain methods pass through."""
 
-    # The handler kind must match the method's or grpc reports an internal error instead.
-    return grpc.stream_stream_rpc_method_handler(deny)
+    def __init__(self, context: grpc.aio.ServicerContext, loop: asyncio.AbstractEventLoop):
+        self._context = context
+        self._loop = loop
+        self._ended = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def is_active(self) -> bool:
+        return not self._ended.is_set()
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        self._callbacks.append(callback)
+        return True
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        asyncio.run_coroutine_threadsafe(self._context.abort(code, details), self._loop).result()
+
+    def end(self) -> None:
+        self._ended.set()
+        for callback in self._callbacks:
+            callback()
+
+
+_END = object()
+
+
+def _blocking_requests(requests, loop: asyncio.AbstractEventLoop):
+    """The call's async request stream as a plain iterator for a handler thread."""
+
+    async def take():
+        return await anext(requests, _END)
+
+    while (request := asyncio.run_coroutine_threadsafe(take(), loop).result()) is not _END:
+        yield request
+
+
+class ThreadedStreams(grpc.aio.ServerInterceptor):
+    """Serves sync streaming handlers (generators over a blocking core) as they were served before:
+    on the host's threads, with a ThreadedContext, one thread held for as long as they block. grpc's
+    own bridge gives them a context without `is_active()`, and they cannot see a cancelled call."""
+
+    def __init__(self, pool: ThreadPoolExecutor):
+        self._pool = pool
+        self._bridged: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler.response_streaming:
+            return handler
+        behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
+        if inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior):
+            return handler
+        method = handler_call_details.method
+        if method not in self._bridged:
+            self._bridged[method] = _with_behavior(handler, self._bridge(behavior, handler.request_streaming))
+        return self._bridged[method]
+
+    def _bridge(self, behavior: Callable, request_streaming: bool):
+        pool = self._pool
+
+        async def run(request, context):
+            loop = asyncio.get_running_loop()
+            threaded = ThreadedContext(context, loop)
+            if request_streaming:
+                request = _blocking_requests(request, loop)
+            try:
+                responses = iter(await loop.run_in_executor(pool, behavior, request, threaded))
+                while (response := await loop.run_in_executor(pool, next, responses, _END)) is not _END:
+                    await context.write(response)
+            finally:
+                threaded.end()
+
+        return run
 
 
 class ServiceHost:
     """Hosts one service's servicers on a real socket.
 
     `add(register_fn, servicer, full_name)` before `start()`; `run_until_signal()` blocks until
-    SIGTERM/SIGINT and then lets in-flight calls finish for `grace_seconds`.
+    SIGTERM/SIGINT and then lets in-flight calls finish for `grace_seconds`, after which the calls
+    still open are cancelled: `stop()` returns within the grace whatever streams are open.
+
+    start(), stop() and run_until_signal() are plain blocking calls; the server runs on an event
+    loop in a thread of its own. Handlers may be:
+
+    - sync functions (unary): run on the host's `server.max_workers` threads, as before;
+    - sync generators (streaming): also run there, one thread held while they block, with a
+      context that has `is_active()` and `add_callback()` (see ThreadedStreams);
+    - coroutines (and async generators): run on the loop and must never block it. This is the form
+      for streams, whose waiting must not hold a thread. A streaming one sends with
+      `await context.write(reply)` and reads an async request stream with `async for`:
+
+          @translate_errors
+          async def PullBatch(self, request, context):
+              try:
+                  # Blocking core work (disk, a lock held for long) goes to the host's threads, and
+                  # only while there is work:
+                  batch = await asyncio.to_thread(self.core.take, request.max_groups)
+                  # Waiting for the core (data to arrive, room to free up) holds no thread when the
+                  # core's threading.Condition is a common.conditions.AwaitableCondition:
+                  await self.core.cond.wait_for_async(lambda: self.core.has_data(request.rank), timeout)
+                  await context.write(reply)
+              finally:
+                  ...  # release what the call holds
+
+      A client that goes away, or the end of the grace at shutdown, cancels the call: CancelledError
+      comes out of the `await` the handler is parked in, so `finally` runs at once. (An async
+      generator handler cancelled while grpc sends its reply is left suspended at its `yield`, and
+      its `finally` waits for the garbage collector: hence coroutines for streams that hold things.)
     """
 
     def __init__(self, name: str, config: ServerConfig, registry: CollectorRegistry | None = None):
@@ -75,69 +206,123 @@ class ServiceHost:
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._metrics_server: Any = None
-        self._service_names: list[str] = []
+        self._services: list[tuple[Callable[[Any, Any], None], Any, str]] = []
         self._stopped = threading.Event()
         self._exit = threading.Event()
         self.exit_code = 0
-        interceptors = [BearerTokenCheck(config.auth_token)] if config.auth_token else []
-        limit = config.max_message_bytes
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix=f"{name}-rpc"),
-            interceptors=interceptors,
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", limit),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
-        self._health = health.HealthServicer(experimental_non_blocking=True)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self._pool = ThreadPoolExecutor(config.max_workers, thread_name_prefix=f"{name}-rpc")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
 
-    def add(self, register: Callable[[Any, grpc.Server], None], servicer: Any, full_name: str) -> None:
-        register(servicer, self._server)
-        self._service_names.append(full_name)
+    def add(self, register: Callable[[Any, Any], None], servicer: Any, full_name: str) -> None:
+        """`register(servicer, server)` is a generated add_*Servicer_to_server or the like; it is
+        called on the server when the host starts."""
+        self._services.append((register, servicer, full_name))
 
     @property
     def address(self) -> str:
         host = self.config.listen.rpartition(":")[0]
         return f"{host}:{self.port}"
 
+    def _call(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run a coroutine on the server's loop from any other thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
     def start(self) -> ServiceHost:
-        reflection.enable_server_reflection(
-            [*self._service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME],
-            self._server,
-        )
         credentials = server_credentials(self.config)
-        if credentials is None:
-            self.port = self._server.add_insecure_port(self.config.listen)
-        else:
-            self.port = self._server.add_secure_port(self.config.listen, credentials)
-        if self.port == 0:
-            raise OSError(f"{self.name}: cannot listen on {self.config.listen}")
         if self.config.metrics_port is not None:
             self._metrics_server, _ = start_http_server(
                 self.config.metrics_port, addr=self.config.metrics_host, registry=self.registry
             )
             self.metrics_port = self._metrics_server.server_port
-        self._server.start()
-        for service in ["", *self._service_names]:
-            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._loop = asyncio.new_event_loop()
+        # asyncio.to_thread in a handler runs on the host's threads.
+        self._loop.set_default_executor(self._pool)
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name=f"{self.name}-grpc", daemon=True)
+        self._loop_thread.start()
+        try:
+            self._call(self._start(credentials))
+        except BaseException:
+            self._server = None
+            self._close_loop()
+            self._close_metrics()
+            raise
         log.info("%s listening on %s (metrics port %s)", self.name, self.address, self.metrics_port)
         return self
 
+    async def _start(self, credentials: grpc.ServerCredentials | None) -> None:
+        limit = self.config.max_message_bytes
+        interceptors = [BearerTokenCheck(self.config.auth_token)] if self.config.auth_token else []
+        self._server = grpc.aio.server(
+            migration_thread_pool=self._pool,
+            interceptors=[*interceptors, ThreadedStreams(self._pool)],
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        for register, servicer, _ in self._services:
+            register(servicer, self._server)
+        names = [full_name for _, _, full_name in self._services]
+        reflection.enable_server_reflection(
+            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            self._server,
+        )
+        try:
+            if credentials is None:
+                self.port = self._server.add_insecure_port(self.config.listen)
+            else:
+                self.port = self._server.add_secure_port(self.config.listen, credentials)
+        except RuntimeError as exc:
+            await self._server.stop(None)
+            raise OSError(f"{self.name}: cannot listen on {self.config.listen} ({exc})") from None
+        await self._server.start()
+        for service in ["", *names]:
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
     def stop(self, grace: float | None = None) -> None:
-        """Stop accepting calls, let in-flight ones finish within the grace period, then close.
-        Services that own more (worker pools, logs) extend this to close it after the server."""
+        """Stop accepting calls, let in-flight ones finish within the grace period, cancel the rest,
+        then close. Services that own more (worker pools, logs) extend this to close it after the server."""
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self._health.enter_graceful_shutdown()
-        self._server.stop(self.config.grace_seconds if grace is None else grace).wait()
+        grace = self.config.grace_seconds if grace is None else grace
+        if self._server is not None:
+            self._call(self._stop(grace))
+            self._close_loop()
+        # Sync handlers still blocked in a core call hold their threads until the core lets go
+        # (services close their cores after this); no new work is taken.
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._close_metrics()
+        log.info("%s stopped", self.name)
+
+    def _close_metrics(self) -> None:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
-        log.info("%s stopped", self.name)
+
+    async def _stop(self, grace: float) -> None:
+        await self._health.enter_graceful_shutdown()
+        # grpc cancels the calls still open at the end of the grace: their coroutines see CancelledError.
+        await self._server.stop(grace)
+        # What is left is grpc's own bookkeeping of the calls just cancelled, and requests being read
+        # for sync handlers; it ends within milliseconds, or is cancelled so no thread waits on it.
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        if others:
+            _, pending = await asyncio.wait(others, timeout=0.2)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join()
+        self._loop.close()
 
     def exit(self, code: int, reason: str) -> None:
         """Ask run_until_signal to stop the service and return `code`: a background job (a worker loop,

@@ -30,7 +30,31 @@ def status_of(exc: errors.ServiceError) -> grpc.StatusCode:
 
 
 def translate_errors(method):
-    """Decorate a servicer method (unary or streaming) so core errors abort with the right status."""
+    """Decorate a servicer method (unary or streaming, sync or async) so core errors abort with the
+    right status."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def async_streaming(self, request, context):
+            try:
+                async for reply in method(self, request, context):
+                    yield reply
+            except errors.ServiceError as exc:
+                await context.abort(status_of(exc), str(exc))
+
+        return async_streaming
+
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def async_unary(self, request, context):
+            try:
+                return await method(self, request, context)
+            except errors.ServiceError as exc:
+                await context.abort(status_of(exc), str(exc))
+
+        return async_unary
+
     if inspect.isgeneratorfunction(method):
 
         @functools.wraps(method)

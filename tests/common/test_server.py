@@ -2,6 +2,7 @@
 
 import datetime
 import socket
+import statistics
 import threading
 import time
 import urllib.request
@@ -15,6 +16,7 @@ from cryptography.x509.oid import NameOID
 from echo_service import SERVICE, EchoClient, EchoCore, register
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from idle_streams import idle_streams
 from prometheus_client import Counter
 
 from zerobubble.common.config import ClientConfig, ServerConfig, TLSConfig
@@ -56,8 +58,12 @@ def test_bearer_token():
             with pytest.raises(grpc.RpcError) as refused:
                 anonymous.unary("Echo", b"hi")
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as refused:
+                list(anonymous.stream("Stream", iter([b"hi"])))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         with EchoClient(ClientConfig(address=host.address, auth_token="s3cret")) as client:
             assert client.unary("Echo", b"hi") == b"hi"
+            assert list(client.stream("Stream", iter([b"hi"]))) == [b"hi"]
         # Probes need no token.
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(host.address))
         assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
@@ -88,6 +94,69 @@ def test_graceful_stop_lets_in_flight_calls_finish(echo):
     host.stop(grace=10)
     caller.join(10)
     assert outcome.get("reply") == b"sleep:1.0"
+
+
+def _health_seconds(address: str, checks: int = 5) -> list[float]:
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
+    health.Check(health_pb2.HealthCheckRequest(), timeout=5)  # connects
+    seconds = []
+    for _ in range(checks):
+        started = time.monotonic()
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+        seconds.append(time.monotonic() - started)
+    return seconds
+
+
+def test_a_thousand_idle_streams_leave_health_checks_and_unary_calls_answering(echo):
+    host, _ = echo
+    with idle_streams(host.address, f"/{SERVICE}/Stream", [b"open"] * 1000, client_streaming=True):
+        health = _health_seconds(host.address)
+        assert statistics.median(health) < 0.1, health
+        with EchoClient(ClientConfig(address=host.address, timeout_seconds=5, retry_seconds=0)) as client:
+            started = time.monotonic()
+            assert client.unary("Echo", b"still here") == b"still here"
+            assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize("method", ["Checked", "Stream", "SyncStream"])
+def test_core_errors_of_async_and_sync_handlers_become_their_status(echo, method):
+    host, _ = echo
+    with EchoClient(ClientConfig(address=host.address, retry_seconds=0)) as client:
+        received = []
+        with pytest.raises(grpc.RpcError) as err:
+            if method == "Checked":
+                client.unary(method, b"invalid")
+            else:
+                received.extend(client.stream(method, iter([b"a", b"b", b"invalid", b"c"])))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == "payload: invalid on purpose"
+        assert received == ([] if method == "Checked" else [b"a", b"b"])
+
+
+def test_a_sync_stream_handler_sees_its_call_end(echo):
+    host, core = echo
+    with EchoClient(host.address) as client:
+        call = client.stream("SyncStream", iter([b"hold"]))
+        assert core.holding.wait(10)
+        call.cancel()
+    assert core.held_handler_saw_it.wait(10), "is_active() stayed true after the client went away"
+    assert core.held_call_ended.wait(10), "the add_callback callback was not called"
+
+
+def test_stop_cancels_the_streams_still_open_after_the_grace():
+    host, core = start()
+    with idle_streams(host.address, f"/{SERVICE}/Stream", [b"open"] * 100, client_streaming=True) as streams, \
+            EchoClient(host.address) as client:
+        held = client.stream("SyncStream", iter([b"hold"]))
+        assert core.holding.wait(10)
+        started = time.monotonic()
+        host.stop(grace=1.0)
+        assert time.monotonic() - started < 4.0
+        assert core.held_handler_saw_it.wait(10)
+        with pytest.raises(grpc.RpcError):
+            next(held)
+        codes = streams.codes(timeout=10)
+        assert set(codes) <= {grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE}, set(codes)
 
 
 def test_deadline_on_every_call(echo):
