@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,14 +34,11 @@ from zerobubble.buffer.prompts import PromptFileError, PromptSource
 from zerobubble.buffer.store import ExperienceStore, ProducerDedup, StoredGroup
 from zerobubble.buffer.validation import check_group
 from zerobubble.buffer.wal import Record, WriteAheadLog
-from zerobubble.common.errors import InvalidInput, Overloaded, TemporarilyUnavailable, TooLarge
+from zerobubble.common.conditions import AwaitableCondition
+from zerobubble.common.errors import InvalidInput, TemporarilyUnavailable, TooLarge
 from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
-
-# How often a waiting push or pull looks whether its caller is still there.
-POLL_SECONDS = 0.25
-
 
 class Kind(IntEnum):
     START = 1      # a new incarnation of the service: leases of earlier ones are void
@@ -76,6 +72,17 @@ class PushOutcome:
     not_stored: int = buffer_pb2.NOT_STORED_UNSPECIFIED
 
 
+@dataclass(frozen=True)
+class PreparedGroup:
+    """A checked group and what storing it takes."""
+
+    payload: bytes
+    prompt_id: str
+    meta: dict[str, Any]  # of its log record
+    rejection: str        # why the accuracy filter drops it ("" to keep it)
+    version: int
+
+
 @dataclass
 class Pulled:
     """One group for a rank (its serialized bytes), or the end-of-data mark when `payload` is None."""
@@ -91,10 +98,6 @@ class Counters:
     filtered: int = 0
     stale_dropped: int = 0
     returned: int = 0
-
-
-def _never() -> bool:
-    return False
 
 
 def producer_key(producer_id: str, incarnation: str) -> str:
@@ -116,7 +119,8 @@ class Buffer:
             config.prompts.path, seed=config.prompts.seed, shuffle=config.prompts.shuffle
         )
         self.clock = clock
-        self._cond = threading.Condition()
+        # Threads wait on it as on any Condition; the servicer's coroutines wait on it holding no thread.
+        self._cond = AwaitableCondition()
         self.leases = PromptLeases(
             self.source, epochs=config.prompts.epochs, timeout_seconds=config.leases.timeout_seconds,
             clock=clock,
@@ -318,55 +322,62 @@ class Buffer:
 
     # Experience in.
 
-    def push(
-        self, group: common_pb2.ExperienceGroup, payload: bytes | None = None, *,
-        cancelled: Callable[[], bool] = _never,
-    ) -> PushOutcome:
-        """Store one group exactly once, waiting while the buffer is full. InvalidInput or TooLarge refuse it
-        whole, TemporarilyUnavailable too when the log cannot be written (then it is worth sending again).
+    def prepare_push(self, group: common_pb2.ExperienceGroup, payload: bytes | None = None) -> PreparedGroup:
+        """Check a group (InvalidInput or TooLarge refuse it whole) and work out what storing it needs; no lock.
 
         `payload` is the group's serialized form when the caller already has it."""
         payload = group.SerializeToString() if payload is None else payload
         check_group(group, len(payload), self.config, policy_version=self.policy_version)
+        if group.lease_id:
+            self.leases.check_lease_id(group.lease_id)
         epoch, index = self.leases.key_of(group.prompt.prompt_id, group.prompt.epoch)
-        producer, sequence = producer_key(group.producer_id, group.producer_incarnation), group.sequence
-        rejection = accuracy_rejection(group, self.config.filters.accuracy_range)
+        meta = {"producer": group.producer_id, "sequence": group.sequence, "epoch": epoch, "index": index}
+        if group.producer_incarnation:
+            meta["incarnation"] = group.producer_incarnation
+        return PreparedGroup(payload, group.prompt.prompt_id, meta,
+                             accuracy_rejection(group, self.config.filters.accuracy_range), group_version(group))
+
+    def try_push(self, prepared: PreparedGroup) -> PushOutcome | None:
+        """Store a prepared group exactly once; None while the buffer has no room for it (`has_room` says when
+        to try again). TemporarilyUnavailable when the log cannot be written: worth sending again later."""
+        meta = prepared.meta
         with self._cond:
-            if group.lease_id:
-                self.leases.check_lease_id(group.lease_id)
-            while True:
-                self.leases.expire()
-                if self.dedup.seen(producer, sequence):
-                    return PushOutcome(False, "duplicate: this producer and sequence were already accepted",
-                                       buffer_pb2.NOT_STORED_DUPLICATE)
-                if self.leases.is_done((epoch, index)):
-                    return PushOutcome(False, f"duplicate: prompt {group.prompt.prompt_id!r} of epoch "
-                                              f"{epoch} already has a group", buffer_pb2.NOT_STORED_PROMPT_DONE)
-                meta = {"producer": group.producer_id, "sequence": sequence, "epoch": epoch, "index": index}
-                if group.producer_incarnation:
-                    meta["incarnation"] = group.producer_incarnation
-                if rejection:
-                    self._log(Kind.FILTERED, meta)
-                    return PushOutcome(False, rejection, buffer_pb2.NOT_STORED_ACCURACY)
-                if self.store.has_room(len(payload)):
-                    break
-                if cancelled():
-                    raise Overloaded("the push was abandoned while waiting for room in the buffer")
-                self._cond.wait(POLL_SECONDS)
-            meta.update(gid=self.store.next_gid, version=group_version(group))
-            self._log(Kind.GROUP, meta, payload)
+            self.leases.expire()
+            if self.dedup.seen(producer_key(meta["producer"], meta.get("incarnation", "")), meta["sequence"]):
+                return PushOutcome(False, "duplicate: this producer and sequence were already accepted",
+                                   buffer_pb2.NOT_STORED_DUPLICATE)
+            if self.leases.is_done((meta["epoch"], meta["index"])):
+                return PushOutcome(False, f"duplicate: prompt {prepared.prompt_id!r} of epoch {meta['epoch']} "
+                                          "already has a group", buffer_pb2.NOT_STORED_PROMPT_DONE)
+            if prepared.rejection:
+                self._log(Kind.FILTERED, meta)
+                return PushOutcome(False, prepared.rejection, buffer_pb2.NOT_STORED_ACCURACY)
+            if not self.has_room(prepared):
+                return None
+            self._log(Kind.GROUP, {**meta, "gid": self.store.next_gid, "version": prepared.version},
+                      prepared.payload)
             self._cond.notify_all()
         self._roll_when_due()
         return PushOutcome(True)
 
+    def has_room(self, prepared: PreparedGroup) -> bool:
+        """Cheap, for a waiter's predicate (the lock held)."""
+        return self.store.has_room(len(prepared.payload))
+
+    def push(self, group: common_pb2.ExperienceGroup, payload: bytes | None = None) -> PushOutcome:
+        """prepare_push and try_push, waiting in this thread while the buffer is full."""
+        prepared = self.prepare_push(group, payload)
+        while (outcome := self.try_push(prepared)) is None:
+            with self._cond:
+                self._cond.wait_for(lambda: self.has_room(prepared))
+        return outcome
+
     # Experience out.
 
-    def pull(
-        self, rank: int, world_size: int, max_groups: int, wait_seconds: float,
-        cancelled: Callable[[], bool] = _never,
-    ) -> Iterator[Pulled]:
-        """Up to `max_groups` groups, each as soon as it is there, for at most `wait_seconds`; ends with the
-        end-of-data mark once every prompt is finished and nothing is left to deliver."""
+    def open_pull(self, rank: int, world_size: int, max_groups: int, wait_seconds: float) -> PullStream:
+        """A PullBatch's progress: up to `max_groups` groups, each as soon as it is there, for at most
+        `wait_seconds`, ending with the end-of-data mark once every prompt is finished and nothing is left to
+        deliver. Close it when the stream ends."""
         if world_size < 1:
             raise InvalidInput(f"must be at least 1, got {world_size}", field="world_size")
         if not 0 <= rank < world_size:
@@ -377,20 +388,23 @@ class Buffer:
         if not 0 <= wait_seconds <= self.config.pull.max_wait_seconds:
             raise InvalidInput(f"expected 0 to {self.config.pull.max_wait_seconds}, got {wait_seconds}",
                                field="wait_seconds")
-        deadline = time.monotonic() + wait_seconds
-        sent: list[int] = []
+        return PullStream(self, max_groups, time.monotonic() + wait_seconds)
+
+    def pull(self, rank: int, world_size: int, max_groups: int, wait_seconds: float) -> Iterator[Pulled]:
+        """open_pull's groups, waiting in this thread."""
+        stream = self.open_pull(rank, world_size, max_groups, wait_seconds)
         try:
-            for _ in range(max_groups):
-                item = self._take(deadline, cancelled, sent)
+            while stream.wanted:
+                with self._cond:
+                    while (item := stream.take()) is None and stream.may_wait():
+                        self._cond.wait(stream.wait_seconds())
                 if item is None:
                     return
-                if item.payload is not None:
-                    sent.append(item.delivery)
                 yield item
                 if item.payload is None:
                     return
         finally:
-            self._stream_ended(sent)
+            stream.close()
 
     def _stream_ended(self, sent: list[int]) -> None:
         """The receiver has what it will get of this stream: what it does not acknowledge soon was lost."""
@@ -400,42 +414,49 @@ class Buffer:
                 if delivery in self._ack_deadlines:
                     self._ack_deadlines[delivery] = min(self._ack_deadlines[delivery], due)
 
+    def _next_ack_due(self) -> float:
+        return min(self._ack_deadlines.values(), default=float("inf"))
+
     def _return_overdue(self) -> None:
         """Called under the lock: unacknowledged deliveries whose time ran out go back to the queue."""
         now = self.clock()
+        if self._next_ack_due() > now:
+            return
         overdue = sorted(d for d, due in self._ack_deadlines.items() if due <= now)
-        if overdue:
-            self._log(Kind.RETURNED, {"deliveries": overdue})
-            log.info("%d groups sent to the trainer were not acknowledged in time; they will be sent again",
-                     len(overdue))
-            self._cond.notify_all()
+        self._log(Kind.RETURNED, {"deliveries": overdue})
+        log.info("%d groups sent to the trainer were not acknowledged in time; they will be sent again",
+                 len(overdue))
+        self._cond.notify_all()
 
-    def _take(self, deadline: float, cancelled: Callable[[], bool], sent: list[int]) -> Pulled | None:
-        with self._cond:
-            while True:
-                self._return_overdue()
-                group = self.store.peek()
-                while group is not None and is_stale(group.version, self.policy_version,
-                                                     self.config.filters.max_staleness):
-                    self._log(Kind.STALE, {"gid": group.gid})
-                    group = self.store.peek()
-                if group is not None:
-                    payload = group.payload if group.payload is not None else self.wal.read(group.location).blob
-                    delivery = self.store.next_delivery
-                    self._log(Kind.DELIVERED, {"gid": group.gid, "delivery": delivery, "unacked": True})
-                    # Until the stream ends (at the latest when its wait does) and its receiver had time to answer.
-                    self._ack_deadlines[delivery] = (self.clock() + max(0.0, deadline - time.monotonic())
-                                                     + self.config.pull.ack_timeout_seconds)
-                    self._cond.notify_all()
-                    return Pulled(payload, delivery)
-                # Deliveries still unacknowledged elsewhere may yet come back to the queue; those of this very
-                # stream reach its receiver before the mark does.
-                if self.leases.end_of_data and self.store.unacked.issubset(sent):
-                    return Pulled(None)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or cancelled():
-                    return None
-                self._cond.wait(min(remaining, POLL_SECONDS))
+    def _take(self, stream: PullStream) -> Pulled | None:
+        """Called under the lock: the stream's next group, its end-of-data mark, or None for now."""
+        self._return_overdue()
+        group = self.store.peek()
+        while group is not None and is_stale(group.version, self.policy_version, self.config.filters.max_staleness):
+            self._log(Kind.STALE, {"gid": group.gid})
+            group = self.store.peek()
+        if group is not None:
+            payload = group.payload if group.payload is not None else self.wal.read(group.location).blob
+            delivery = self.store.next_delivery
+            self._log(Kind.DELIVERED, {"gid": group.gid, "delivery": delivery, "unacked": True})
+            # Until the stream ends (at the latest when its wait does) and its receiver had time to answer.
+            self._ack_deadlines[delivery] = (self.clock() + max(0.0, stream.deadline - time.monotonic())
+                                             + self.config.pull.ack_timeout_seconds)
+            self._cond.notify_all()
+            return Pulled(payload, delivery)
+        if self._finished_for(stream):
+            return Pulled(None)
+        return None
+
+    def _finished_for(self, stream: PullStream) -> bool:
+        # Deliveries still unacknowledged elsewhere may yet come back to the queue; those of this very stream
+        # reach its receiver before the mark does.
+        return self.leases.end_of_data and not self.store.queue and self.store.unacked.issubset(stream.sent)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
+        """For event-loop callers: wait until `predicate()` (cheap: it runs with the lock held) or `timeout`
+        seconds, holding no thread."""
+        return await self._cond.wait_for_async(predicate, timeout)
 
     def acknowledge(self, deliveries: Sequence[int]) -> list[int]:
         """The receiver has these deliveries; returns those it may not keep (they went back to the queue, or
@@ -495,3 +516,38 @@ class Buffer:
     def close(self) -> None:
         with self._cond:
             self.wal.close()
+
+
+class PullStream:
+    """One PullBatch: what it sent, how many groups it still wants, until when it may wait for them."""
+
+    def __init__(self, buffer: Buffer, wanted: int, deadline: float):
+        self.buffer = buffer
+        self.wanted = wanted
+        self.deadline = deadline  # by time.monotonic
+        self.sent: list[int] = []
+
+    def take(self) -> Pulled | None:
+        """The next group or the end-of-data mark; None when there is neither for now."""
+        with self.buffer._cond:
+            item = self.buffer._take(self)
+        if item is not None and item.payload is not None:
+            self.sent.append(item.delivery)
+            self.wanted -= 1
+        return item
+
+    def ready(self) -> bool:
+        """Whether take() may give something now; cheap, for a waiter's predicate (the lock held)."""
+        buffer = self.buffer
+        return bool(buffer.store.queue) or buffer._finished_for(self) or buffer._next_ack_due() <= buffer.clock()
+
+    def may_wait(self) -> bool:
+        return time.monotonic() < self.deadline
+
+    def wait_seconds(self) -> float:
+        """How long to wait before looking again: until the wait is over or a delivery falls due."""
+        due = self.buffer._next_ack_due() - self.buffer.clock()
+        return max(0.0, min(self.deadline - time.monotonic(), due))
+
+    def close(self) -> None:
+        self.buffer._stream_ended(self.sent)

@@ -109,6 +109,19 @@ def test_a_full_buffer_holds_pushes_until_the_trainer_pulls(serve, read_ahead):
     assert len(pulled.groups) + len(client.pull(0, 1, 5).groups) == 5
 
 
+def test_a_waiting_push_whose_caller_left_stores_nothing(serve):
+    host, client = serve(prompts=2, capacity__max_groups=1)
+    first, second = prompts_of(host.core, 2)
+    assert list(client.push([make_group(first, "w", 0)]))[0].stored
+    waiting = client.push(iter([make_group(second, "w", 1)]))
+    time.sleep(0.5)
+    waiting.cancel()
+    assert len(client.pull(0, 1, 1).groups) == 1, "room at last, but the push that waited for it is gone"
+    time.sleep(0.5)
+    assert client.stats().groups_in == 1
+    assert list(client.push([make_group(second, "w", 1)]))[0].stored, "nothing of it was kept"
+
+
 def test_each_group_goes_to_exactly_one_rank(serve):
     _, client = serve(prompts=40)
     prompts = lease_all(client, 40)
