@@ -72,6 +72,10 @@ class PushOutcome:
     not_stored: int = buffer_pb2.NOT_STORED_UNSPECIFIED
 
 
+# What one PullStream.take_all gathers at most (beyond one group).
+TAKE_ALL_BYTES = 16 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class PreparedGroup:
     """A checked group and what storing it takes."""
@@ -535,6 +539,17 @@ class PullStream:
             self.sent.append(item.delivery)
             self.wanted -= 1
         return item
+
+    def take_all(self) -> list[Pulled]:
+        """What take() gives now, up to what the stream still wants, its end-of-data mark, or about
+        TAKE_ALL_BYTES (groups sent again are read from the log: a stream holds no more of them unsent)."""
+        items, size = [], 0
+        while self.wanted and size < TAKE_ALL_BYTES and (item := self.take()) is not None:
+            items.append(item)
+            if item.payload is None:
+                break
+            size += len(item.payload)
+        return items
 
     def ready(self) -> bool:
         """Whether take() may give something now; cheap, for a waiter's predicate (the lock held)."""

@@ -19,7 +19,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
-from zerobubble.buffer.core import Buffer, Pulled, PushOutcome
+from zerobubble.buffer.core import Buffer, PreparedGroup, Pulled, PushOutcome
 from zerobubble.buffer.filters import not_stored_label
 from zerobubble.buffer.metrics import BufferMetrics
 from zerobubble.buffer.read_ahead import read_ahead
@@ -112,10 +112,16 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 await context.write(ack)
 
     async def _push(self, wire: WireGroup) -> PushOutcome:
-        prepared = await asyncio.to_thread(self.core.prepare_push, wire.group, wire.payload)
-        while (outcome := await asyncio.to_thread(self.core.try_push, prepared)) is None:
-            # A full buffer: the trainer is behind. A caller that leaves cancels this wait; nothing is stored.
+        def first_try() -> tuple[PreparedGroup, PushOutcome | None]:
+            prepared = self.core.prepare_push(wire.group, wire.payload)
+            return prepared, self.core.try_push(prepared)
+
+        # One trip to a thread per group unless the buffer is full.
+        prepared, outcome = await asyncio.to_thread(first_try)
+        while outcome is None:
+            # The trainer is behind. A caller that leaves cancels this wait; nothing is stored.
             await self.core.wait_until(lambda: self.core.has_room(prepared), None)
+            outcome = await asyncio.to_thread(self.core.try_push, prepared)
         return outcome
 
     @translate_errors
@@ -126,17 +132,18 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         await context.send_initial_metadata(())
         try:
             while stream.wanted:
-                item = await asyncio.to_thread(stream.take)
-                if item is None:
+                # Whatever is there now, in one trip to a thread.
+                items = await asyncio.to_thread(stream.take_all)
+                if not items:
                     if not stream.may_wait():
                         return
                     await self.core.wait_until(stream.ready, stream.wait_seconds())
-                    continue
-                if item.payload is not None:
-                    self.metrics.pull_seconds.observe(time.perf_counter() - started)
-                await context.write(pulled_group_bytes(item))
-                if item.payload is None:
-                    return
+                for item in items:
+                    if item.payload is not None:
+                        self.metrics.pull_seconds.observe(time.perf_counter() - started)
+                    await context.write(pulled_group_bytes(item))
+                    if item.payload is None:
+                        return
         finally:
             stream.close()
 
