@@ -25,6 +25,16 @@ class PullResult:
     def last_delivery(self) -> int:
         return max((g.delivery for g in self.groups), default=0)
 
+    @property
+    def deliveries(self) -> list[int]:
+        return [g.delivery for g in self.groups]
+
+    def keeping(self, refused: Sequence[int]) -> PullResult:
+        """The groups an acknowledgement did not refuse (the refused come again)."""
+        if refused:
+            log.warning("%d groups received were no longer ours to keep; they come again", len(refused))
+        return PullResult([g for g in self.groups if g.delivery not in set(refused)], self.end_of_data)
+
 
 class BufferClient(ServiceClient):
     """`tune_allocator` keeps multi-megabyte buffers in this process's heap (see `keep_large_buffers_in_heap`):
@@ -58,10 +68,20 @@ class BufferClient(ServiceClient):
         self, rank: int, world_size: int, max_groups: int, *, wait_seconds: float = 0.0,
         timeout: float | None = None,
     ) -> PullResult:
-        """Up to `max_groups` groups, each acknowledged: they are the caller's to train on and commit. A stream
-        cut midway still gives the groups that came before the cut; those the buffer had already taken back
-        are left out (they come again). Raises only when nothing came, or the acknowledgement failed (then
-        whatever came goes back to the buffer's queue)."""
+        """Up to `max_groups` groups, each acknowledged: they are the caller's to train on and commit (see
+        `receive`). Raises when the acknowledgement failed: whether it reached the buffer is then unknown, so a
+        caller that must neither lose nor repeat a group uses `receive` and retries `acknowledge` instead."""
+        received = self.receive(rank, world_size, max_groups, wait_seconds=wait_seconds, timeout=timeout)
+        if not received.groups:
+            return received
+        return received.keeping(self.acknowledge(received.deliveries, timeout=timeout))
+
+    def receive(
+        self, rank: int, world_size: int, max_groups: int, *, wait_seconds: float = 0.0,
+        timeout: float | None = None,
+    ) -> PullResult:
+        """Up to `max_groups` groups, not yet acknowledged. A stream cut midway still gives the groups that
+        came before the cut; raises only when none came."""
         request = buffer_pb2.PullRequest(rank=rank, world_size=world_size, max_groups=max_groups,
                                          wait_seconds=wait_seconds)
         # The server may rightly take wait_seconds before it answers: the deadline comes on top.
@@ -79,15 +99,11 @@ class BufferClient(ServiceClient):
                 raise
             log.warning("a pull stream broke after %d groups (%s: %s); keeping them", len(groups),
                         exc.code().name, exc.details())
-        if not groups:
-            return PullResult(groups, end_of_data)
-        refused = set(self.acknowledge([g.delivery for g in groups], timeout=timeout))
-        if refused:
-            log.warning("%d groups received were no longer ours to keep; they come again", len(refused))
-        return PullResult([g for g in groups if g.delivery not in refused], end_of_data)
+        return PullResult(groups, end_of_data)
 
     def acknowledge(self, deliveries: Sequence[int], *, timeout: float | None = None) -> list[int]:
-        """Claim pulled groups; returns the deliveries that may not be kept (the buffer will send them again)."""
+        """Claim received groups; returns the deliveries that may not be kept (the buffer will send them
+        again). Acknowledging one twice is harmless, so a call that failed may be repeated until it answers."""
         reply = self.unary("Acknowledge", buffer_pb2.AcknowledgeRequest(deliveries=deliveries), timeout=timeout)
         return list(reply.refused)
 

@@ -174,12 +174,19 @@ class TrainingLoop:
         return bool(problem)
 
     def _pull_once(self, count: int) -> PullResult:
-        """One PullBatch, retried while the buffer is down or restarting: a stream is not retried by the
-        client, and a buffer restart must not end the run."""
-        return until_done(
-            lambda: self.buffer.pull(self.strategy.rank, self.strategy.world_size, count,
-                                     wait_seconds=self.config.batch.pull_wait_seconds),
+        """One PullBatch, retried while the buffer is down or restarting (a stream is not retried by the
+        client, and a buffer restart must not end the run); then its acknowledgement, retried until the buffer
+        answers it, as only its answer says which groups are this trainer's: giving up on a lost reply would
+        drop groups the buffer counts as received, and keeping them unanswered would train them twice."""
+        received = until_done(
+            lambda: self.buffer.receive(self.strategy.rank, self.strategy.world_size, count,
+                                        wait_seconds=self.config.batch.pull_wait_seconds),
             what="pull", stop=self.stopping, max_backoff=PULL_BACKOFF_MAX_SECONDS)
+        if not received.groups:
+            return received
+        refused = until_done(lambda: self.buffer.acknowledge(received.deliveries), what="acknowledge",
+                             stop=self.stopping, max_backoff=PULL_BACKOFF_MAX_SECONDS)
+        return received.keeping(refused)
 
     def _train(self, groups: list[common_pb2.ExperienceGroup]) -> None:
         started = time.monotonic()

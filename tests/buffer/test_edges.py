@@ -119,6 +119,32 @@ def test_a_buffer_killed_mid_stream_sends_the_unacknowledged_groups_again(tmp_pa
         server.stop(signal.SIGTERM)
 
 
+def test_an_acknowledgement_repeated_after_a_restart_gets_the_same_answer(tmp_path):
+    # A caller whose acknowledgement got no reply repeats it until one comes: what the buffer had recorded is
+    # still the caller's, what it had not went back to the queue and is refused.
+    server = BufferProcess(tmp_path, prompts=8)
+    client = server.start()
+    try:
+        prompts = list(client.lease("w", 6).prompts)
+        assert all(a.stored for a in push_all(client, prompts))
+        received = client.receive(0, 1, 6)
+        assert len(received.groups) == 6
+        first, rest = received.deliveries[:3], received.deliveries[3:]
+        assert client.acknowledge(first) == [] and client.acknowledge(first) == []
+        server.process.kill()
+        server.process.wait()
+        client = server.start()
+        assert client.acknowledge(received.deliveries) == rest
+        again = client.pull(0, 1, 6, wait_seconds=1)
+        assert [prompt_key(g.group) for g in again.groups] == [prompt_key(g.group) for g in received.groups[3:]]
+        client.commit(again.last_delivery)
+        stats = client.stats()
+        assert (stats.queued_groups, stats.unacknowledged) == (0, 0)
+    finally:
+        client.close()
+        server.stop(signal.SIGTERM)
+
+
 def test_acknowledge_refuses_deliveries_that_were_never_made(serve):
     _, client = serve(pull__max_groups=4)
     for deliveries, code, field in [([0], INVALID, "deliveries[0]"), ([1], INVALID, "deliveries[0]"),
