@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+
+import grpc
 
 from zerobubble.buffer.allocator import keep_large_buffers_in_heap
 from zerobubble.common.client import ServiceClient
 from zerobubble.common.config import ClientConfig
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -19,6 +24,16 @@ class PullResult:
     @property
     def last_delivery(self) -> int:
         return max((g.delivery for g in self.groups), default=0)
+
+    @property
+    def deliveries(self) -> list[int]:
+        return [g.delivery for g in self.groups]
+
+    def keeping(self, refused: Sequence[int]) -> PullResult:
+        """The groups an acknowledgement did not refuse (the refused come again)."""
+        if refused:
+            log.warning("%d groups received were no longer ours to keep; they come again", len(refused))
+        return PullResult([g for g in self.groups if g.delivery not in set(refused)], self.end_of_data)
 
 
 class BufferClient(ServiceClient):
@@ -51,25 +66,49 @@ class BufferClient(ServiceClient):
 
     def pull(
         self, rank: int, world_size: int, max_groups: int, *, wait_seconds: float = 0.0,
-        trainer_id: str = "", timeout: float | None = None,
+        timeout: float | None = None,
     ) -> PullResult:
+        """Up to `max_groups` groups, each acknowledged: they are the caller's to train on and commit (see
+        `receive`). Raises when the acknowledgement failed: whether it reached the buffer is then unknown, so a
+        caller that must neither lose nor repeat a group uses `receive` and retries `acknowledge` instead."""
+        received = self.receive(rank, world_size, max_groups, wait_seconds=wait_seconds, timeout=timeout)
+        if not received.groups:
+            return received
+        return received.keeping(self.acknowledge(received.deliveries, timeout=timeout))
+
+    def receive(
+        self, rank: int, world_size: int, max_groups: int, *, wait_seconds: float = 0.0,
+        timeout: float | None = None,
+    ) -> PullResult:
+        """Up to `max_groups` groups, not yet acknowledged. A stream cut midway still gives the groups that
+        came before the cut; raises only when none came."""
         request = buffer_pb2.PullRequest(rank=rank, world_size=world_size, max_groups=max_groups,
-                                         wait_seconds=wait_seconds, trainer_id=trainer_id)
+                                         wait_seconds=wait_seconds)
         # The server may rightly take wait_seconds before it answers: the deadline comes on top.
         replies = self.stream("PullBatch", request,
                               timeout=wait_seconds + (timeout or self.config.timeout_seconds))
         groups, end_of_data = [], False
-        for reply in replies:
-            if reply.end_of_data:
-                end_of_data = True
-            else:
-                groups.append(reply)
+        try:
+            for reply in replies:
+                if reply.end_of_data:
+                    end_of_data = True
+                else:
+                    groups.append(reply)
+        except grpc.RpcError as exc:
+            if not groups:
+                raise
+            log.warning("a pull stream broke after %d groups (%s: %s); keeping them", len(groups),
+                        exc.code().name, exc.details())
         return PullResult(groups, end_of_data)
 
-    def commit(self, delivery: int, *, step: int = 0, resume: bool = False, trainer_id: str = "",
-               timeout: float | None = None) -> None:
-        request = buffer_pb2.CommitRequest(trainer_id=trainer_id, delivery=delivery, step=step, resume=resume)
-        self.unary("Commit", request, timeout=timeout)
+    def acknowledge(self, deliveries: Sequence[int], *, timeout: float | None = None) -> list[int]:
+        """Claim received groups; returns the deliveries that may not be kept (the buffer will send them
+        again). Acknowledging one twice is harmless, so a call that failed may be repeated until it answers."""
+        reply = self.unary("Acknowledge", buffer_pb2.AcknowledgeRequest(deliveries=deliveries), timeout=timeout)
+        return list(reply.refused)
+
+    def commit(self, delivery: int, *, resume: bool = False, timeout: float | None = None) -> None:
+        self.unary("Commit", buffer_pb2.CommitRequest(delivery=delivery, resume=resume), timeout=timeout)
 
     def set_policy_version(self, version: int, *, timeout: float | None = None) -> None:
         self.unary("SetPolicyVersion", buffer_pb2.SetPolicyVersionRequest(version=version), timeout=timeout)

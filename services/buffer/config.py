@@ -59,8 +59,28 @@ class PushConfig(Schema):
 
 
 class PullConfig(Schema):
-    max_groups: int = Field(4096, gt=0, description="most groups one PullBatch may ask for")
+    max_groups: int = Field(4096, gt=0, description="most groups one PullBatch (or Acknowledge) may ask for")
     max_wait_seconds: float = Field(600.0, ge=0, description="longest wait_seconds a PullBatch may ask for")
+    ack_timeout_seconds: float = Field(
+        30.0, gt=0, description="a group sent by PullBatch and not acknowledged this long after its stream "
+        "ended goes back to the head of the queue (it was lost on the way, or its receiver died)"
+    )
+
+
+class ValidationConfig(Schema):
+    """What a pushed group may hold: anything else is refused in its ack, naming the field."""
+
+    vocab_size: int | None = Field(None, gt=0, description="token ids must be below this (the model's "
+                                   "vocabulary size); null: they are only checked to be non-negative")
+    max_trajectories: int = Field(1024, gt=0, description="trajectories per group")
+    max_prompt_tokens: int = Field(131_072, gt=0, description="tokens of a group's prompt")
+    max_response_tokens: int = Field(131_072, gt=0, description="tokens of one trajectory's response")
+    max_version_ahead: int = Field(
+        1000, ge=0, description="a trajectory's policy_version may be at most this far ahead of the buffer's "
+        "(ahead at all only after a trainer resumed from an older checkpoint)"
+    )
+    max_version_jump: int = Field(1_000_000, gt=0, description="SetPolicyVersion may move the policy version "
+                                  "forward by at most this")
 
 
 class WalConfig(Schema):
@@ -88,6 +108,7 @@ class BufferServiceConfig(Schema):
     filters: FiltersConfig = FiltersConfig()
     push: PushConfig = PushConfig()
     pull: PullConfig = PullConfig()
+    validation: ValidationConfig = ValidationConfig()
     wal: WalConfig = WalConfig()
 
     @model_validator(mode="after")
@@ -97,4 +118,7 @@ class BufferServiceConfig(Schema):
                              "oversized group is refused alone instead of breaking its stream")
         if self.capacity.max_group_bytes > self.capacity.max_bytes:
             raise ValueError("capacity.max_group_bytes must not exceed capacity.max_bytes")
+        generations = self.filters.num_generations
+        if generations is not None and generations > self.validation.max_trajectories:
+            raise ValueError("filters.num_generations must not exceed validation.max_trajectories")
         return self

@@ -8,13 +8,17 @@ The log rolls to a new segment once the active one holds `wal.segment_bytes`; ea
 with a snapshot of the whole state (the groups in it by their log locations, not their bytes), so
 a segment can be released as soon as none of its groups is queued or awaiting a commit, and replay
 still ends in the same state. Nothing is ever copied forward.
+
+A group sent to a trainer rank is only the receiver's once it is acknowledged: a stream can be cut after
+the buffer wrote a group and before the receiver read it. Unacknowledged deliveries go back to the head of
+the queue `pull.ack_timeout_seconds` after their stream ended, when the trainer resumes, and when the
+buffer restarts (no stream outlives it), so a cut stream loses nothing.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,14 +34,11 @@ from zerobubble.buffer.prompts import PromptFileError, PromptSource
 from zerobubble.buffer.store import ExperienceStore, ProducerDedup, StoredGroup
 from zerobubble.buffer.validation import check_group
 from zerobubble.buffer.wal import Record, WriteAheadLog
-from zerobubble.common.errors import InvalidInput, Overloaded
-from zerobubble.v1 import common_pb2
+from zerobubble.common.conditions import AwaitableCondition
+from zerobubble.common.errors import InvalidInput, TemporarilyUnavailable, TooLarge
+from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
-
-# How often a waiting push or pull looks whether its caller is still there.
-POLL_SECONDS = 0.25
-
 
 class Kind(IntEnum):
     START = 1      # a new incarnation of the service: leases of earlier ones are void
@@ -49,6 +50,8 @@ class Kind(IntEnum):
     RESUME = 7     # the trainer restarted from a checkpoint: later deliveries come again
     VERSION = 8    # the trainer's current policy version
     SNAPSHOT = 9   # the whole state, first in every segment after the first
+    ACKED = 10     # deliveries the receiver acknowledged: now awaiting its commit
+    RETURNED = 11  # unacknowledged deliveries whose time ran out: back at the head of the queue
 
 
 @dataclass
@@ -66,6 +69,22 @@ class LeaseGrant:
 class PushOutcome:
     stored: bool
     filtered: str = ""
+    not_stored: int = buffer_pb2.NOT_STORED_UNSPECIFIED
+
+
+# What one PullStream.take_all gathers at most (beyond one group).
+TAKE_ALL_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PreparedGroup:
+    """A checked group and what storing it takes."""
+
+    payload: bytes
+    prompt_id: str
+    meta: dict[str, Any]  # of its log record
+    rejection: str        # why the accuracy filter drops it ("" to keep it)
+    version: int
 
 
 @dataclass
@@ -82,10 +101,13 @@ class Counters:
     groups_out: int = 0
     filtered: int = 0
     stale_dropped: int = 0
+    returned: int = 0
 
 
-def _never() -> bool:
-    return False
+def producer_key(producer_id: str, incarnation: str) -> str:
+    """Who made a group, for deduplication: a restarted producer is another one. Without an incarnation the key
+    is the bare id, as in logs written before incarnations; ids are printable, so the newline never collides."""
+    return f"{producer_id}\n{incarnation}" if incarnation else producer_id
 
 
 class Buffer:
@@ -101,7 +123,8 @@ class Buffer:
             config.prompts.path, seed=config.prompts.seed, shuffle=config.prompts.shuffle
         )
         self.clock = clock
-        self._cond = threading.Condition()
+        # Threads wait on it as on any Condition; the servicer's coroutines wait on it holding no thread.
+        self._cond = AwaitableCondition()
         self.leases = PromptLeases(
             self.source, epochs=config.prompts.epochs, timeout_seconds=config.leases.timeout_seconds,
             clock=clock,
@@ -112,6 +135,9 @@ class Buffer:
                                    max_producers=config.capacity.max_producers)
         self.counters = Counters()
         self.policy_version = 0
+        # When each unacknowledged delivery goes back to the queue (by `clock`); not logged, as no stream that
+        # could still acknowledge one outlives the process.
+        self._ack_deadlines: dict[int, float] = {}
         self.wal = WriteAheadLog(config.wal.directory, fsync=config.wal.fsync,
                                  interval_seconds=config.wal.interval_seconds, reuse_files=config.wal.reuse_files)
         with self._cond:
@@ -127,7 +153,11 @@ class Buffer:
     # Durable state: every change goes through _log, and _apply is also the replay.
 
     def _log(self, kind: Kind, meta: dict[str, Any], blob: bytes = b"") -> None:
-        location = self.wal.append(kind, meta, blob)
+        try:
+            location = self.wal.append(kind, meta, blob)
+        except OSError as exc:
+            # A full disk: nothing was applied, and the caller may try again once there is room.
+            raise TemporarilyUnavailable(f"the write-ahead log cannot be written: {exc}") from exc
         self._apply(Record(kind, meta, blob, location))
         self._release_dead_segments()
 
@@ -137,12 +167,16 @@ class Buffer:
         happens while pushes and pulls go on."""
         if self.wal.active_bytes < self.config.wal.segment_bytes:
             return
-        if self.wal.fsync != "never":
-            self.wal.sync()
-        with self._cond:
-            if self.wal.active_bytes >= self.config.wal.segment_bytes:
-                self.wal.roll(Kind.SNAPSHOT, self._snapshot())
-                self._release_dead_segments()
+        try:
+            if self.wal.fsync != "never":
+                self.wal.sync()
+            with self._cond:
+                if self.wal.active_bytes >= self.config.wal.segment_bytes:
+                    self.wal.roll(Kind.SNAPSHOT, self._snapshot())
+                    self._release_dead_segments()
+        except OSError as exc:
+            # What was asked is done and logged; the segment only grows past its size until a roll succeeds.
+            log.warning("cannot start a new write-ahead log segment (%s); trying again later", exc)
 
     def _release_dead_segments(self) -> None:
         dead = [segment for segment in self.wal.segments[:-1] if not self.store.live_segments[segment]]
@@ -155,7 +189,7 @@ class Buffer:
         present = set(self.wal.segments)
         gone = [d for d, group in self.store.delivered.items() if group.location.segment not in present]
         if gone:
-            self.store.commit(max(gone))  # commits are cumulative: everything up to it was consumed
+            self.store.drop_delivered(gone)
         lost = [gid for gid, group in self.store.queue.items() if group.location.segment not in present]
         for gid in lost:
             self.store.remove(gid)
@@ -173,6 +207,7 @@ class Buffer:
                     f"{self.config.prompts.path}; use another wal.directory for it"
                 )
             self.leases.incarnation = meta["incarnation"]
+            self._give_back(sorted(self.store.unacked))
         elif kind is Kind.GROUP:
             if not copy:
                 self._finish_prompt(meta)
@@ -183,7 +218,8 @@ class Buffer:
             self._finish_prompt(meta)
             self.counters.filtered += 1
         elif kind is Kind.DELIVERED:
-            self.store.deliver(meta["gid"], meta["delivery"])
+            # Logs written before deliveries were acknowledged counted a group the receiver's once sent.
+            self.store.deliver(meta["gid"], meta["delivery"], acked=not meta.get("unacked", False))
             self.counters.groups_out += not copy
         elif kind is Kind.STALE:
             self.store.remove(meta["gid"])
@@ -191,18 +227,30 @@ class Buffer:
         elif kind is Kind.COMMIT:
             self.store.commit(meta["delivery"])
         elif kind is Kind.RESUME:
+            # The trainer holds nothing but what its checkpoint covers: everything else comes again.
             self.store.commit(meta["delivery"])
-            self.store.redeliver_after(meta["delivery"])
+            self._give_back(list(self.store.delivered))
+        elif kind is Kind.ACKED:
+            for delivery in meta["deliveries"]:
+                self.store.acknowledge(delivery)
+        elif kind is Kind.RETURNED:
+            self._give_back(meta["deliveries"])
         elif kind is Kind.VERSION:
             self.policy_version = meta["version"]
         elif kind is Kind.SNAPSHOT:
             self._restore(meta)
 
+    def _give_back(self, deliveries: list[int]) -> None:
+        self.counters.returned += sum(d in self.store.unacked for d in deliveries)
+        self.store.give_back(deliveries)
+        for delivery in deliveries:
+            self._ack_deadlines.pop(delivery, None)
+
     def _finish_prompt(self, meta: dict[str, Any]) -> None:
         key = (meta["epoch"], meta["index"])
         if not self.leases.is_done(key):
             self.leases.mark_done(key)
-        self.dedup.record(meta["producer"], meta["sequence"])
+        self.dedup.record(producer_key(meta["producer"], meta.get("incarnation", "")), meta["sequence"])
 
     def _snapshot(self) -> dict[str, Any]:
         next_epoch, done = self.leases.snapshot()
@@ -278,52 +326,62 @@ class Buffer:
 
     # Experience in.
 
-    def push(
-        self, group: common_pb2.ExperienceGroup, payload: bytes | None = None, *,
-        cancelled: Callable[[], bool] = _never,
-    ) -> PushOutcome:
-        """Store one group exactly once, waiting while the buffer is full; InvalidInput refuses it whole.
+    def prepare_push(self, group: common_pb2.ExperienceGroup, payload: bytes | None = None) -> PreparedGroup:
+        """Check a group (InvalidInput or TooLarge refuse it whole) and work out what storing it needs; no lock.
 
         `payload` is the group's serialized form when the caller already has it."""
         payload = group.SerializeToString() if payload is None else payload
-        check_group(group, len(payload), num_generations=self.config.filters.num_generations,
-                    max_bytes=self.config.capacity.max_group_bytes)
+        check_group(group, len(payload), self.config, policy_version=self.policy_version)
+        if group.lease_id:
+            self.leases.check_lease_id(group.lease_id)
         epoch, index = self.leases.key_of(group.prompt.prompt_id, group.prompt.epoch)
-        producer, sequence = group.producer_id, group.sequence
-        rejection = accuracy_rejection(group, self.config.filters.accuracy_range)
+        meta = {"producer": group.producer_id, "sequence": group.sequence, "epoch": epoch, "index": index}
+        if group.producer_incarnation:
+            meta["incarnation"] = group.producer_incarnation
+        return PreparedGroup(payload, group.prompt.prompt_id, meta,
+                             accuracy_rejection(group, self.config.filters.accuracy_range), group_version(group))
+
+    def try_push(self, prepared: PreparedGroup) -> PushOutcome | None:
+        """Store a prepared group exactly once; None while the buffer has no room for it (`has_room` says when
+        to try again). TemporarilyUnavailable when the log cannot be written: worth sending again later."""
+        meta = prepared.meta
         with self._cond:
-            if group.lease_id:
-                self.leases.check_lease_id(group.lease_id)
-            while True:
-                self.leases.expire()
-                if self.dedup.seen(producer, sequence):
-                    return PushOutcome(False, "duplicate: this producer and sequence were already accepted")
-                if self.leases.is_done((epoch, index)):
-                    return PushOutcome(False, f"duplicate: prompt {group.prompt.prompt_id!r} of epoch "
-                                              f"{epoch} already has a group")
-                meta = {"producer": producer, "sequence": sequence, "epoch": epoch, "index": index}
-                if rejection:
-                    self._log(Kind.FILTERED, meta)
-                    return PushOutcome(False, rejection)
-                if self.store.has_room(len(payload)):
-                    break
-                if cancelled():
-                    raise Overloaded("the push was abandoned while waiting for room in the buffer")
-                self._cond.wait(POLL_SECONDS)
-            meta.update(gid=self.store.next_gid, version=group_version(group))
-            self._log(Kind.GROUP, meta, payload)
+            self.leases.expire()
+            if self.dedup.seen(producer_key(meta["producer"], meta.get("incarnation", "")), meta["sequence"]):
+                return PushOutcome(False, "duplicate: this producer and sequence were already accepted",
+                                   buffer_pb2.NOT_STORED_DUPLICATE)
+            if self.leases.is_done((meta["epoch"], meta["index"])):
+                return PushOutcome(False, f"duplicate: prompt {prepared.prompt_id!r} of epoch {meta['epoch']} "
+                                          "already has a group", buffer_pb2.NOT_STORED_PROMPT_DONE)
+            if prepared.rejection:
+                self._log(Kind.FILTERED, meta)
+                return PushOutcome(False, prepared.rejection, buffer_pb2.NOT_STORED_ACCURACY)
+            if not self.has_room(prepared):
+                return None
+            self._log(Kind.GROUP, {**meta, "gid": self.store.next_gid, "version": prepared.version},
+                      prepared.payload)
             self._cond.notify_all()
         self._roll_when_due()
         return PushOutcome(True)
 
+    def has_room(self, prepared: PreparedGroup) -> bool:
+        """Cheap, for a waiter's predicate (the lock held)."""
+        return self.store.has_room(len(prepared.payload))
+
+    def push(self, group: common_pb2.ExperienceGroup, payload: bytes | None = None) -> PushOutcome:
+        """prepare_push and try_push, waiting in this thread while the buffer is full."""
+        prepared = self.prepare_push(group, payload)
+        while (outcome := self.try_push(prepared)) is None:
+            with self._cond:
+                self._cond.wait_for(lambda: self.has_room(prepared))
+        return outcome
+
     # Experience out.
 
-    def pull(
-        self, rank: int, world_size: int, max_groups: int, wait_seconds: float,
-        cancelled: Callable[[], bool] = _never,
-    ) -> Iterator[Pulled]:
-        """Up to `max_groups` groups, each as soon as it is there, for at most `wait_seconds`; ends with the
-        end-of-data mark once every prompt is finished and nothing is left to deliver."""
+    def open_pull(self, rank: int, world_size: int, max_groups: int, wait_seconds: float) -> PullStream:
+        """A PullBatch's progress: up to `max_groups` groups, each as soon as it is there, for at most
+        `wait_seconds`, ending with the end-of-data mark once every prompt is finished and nothing is left to
+        deliver. Close it when the stream ends."""
         if world_size < 1:
             raise InvalidInput(f"must be at least 1, got {world_size}", field="world_size")
         if not 0 <= rank < world_size:
@@ -334,35 +392,94 @@ class Buffer:
         if not 0 <= wait_seconds <= self.config.pull.max_wait_seconds:
             raise InvalidInput(f"expected 0 to {self.config.pull.max_wait_seconds}, got {wait_seconds}",
                                field="wait_seconds")
-        deadline = time.monotonic() + wait_seconds
-        for _ in range(max_groups):
-            item = self._take(deadline, cancelled)
-            if item is None:
-                return
-            yield item
-            if item.payload is None:
-                return
+        return PullStream(self, max_groups, time.monotonic() + wait_seconds)
 
-    def _take(self, deadline: float, cancelled: Callable[[], bool]) -> Pulled | None:
+    def pull(self, rank: int, world_size: int, max_groups: int, wait_seconds: float) -> Iterator[Pulled]:
+        """open_pull's groups, waiting in this thread."""
+        stream = self.open_pull(rank, world_size, max_groups, wait_seconds)
+        try:
+            while stream.wanted:
+                with self._cond:
+                    while (item := stream.take()) is None and stream.may_wait():
+                        self._cond.wait(stream.wait_seconds())
+                if item is None:
+                    return
+                yield item
+                if item.payload is None:
+                    return
+        finally:
+            stream.close()
+
+    def _stream_ended(self, sent: list[int]) -> None:
+        """The receiver has what it will get of this stream: what it does not acknowledge soon was lost."""
         with self._cond:
-            while True:
-                group = self.store.peek()
-                while group is not None and is_stale(group.version, self.policy_version,
-                                                     self.config.filters.max_staleness):
-                    self._log(Kind.STALE, {"gid": group.gid})
-                    group = self.store.peek()
-                if group is not None:
-                    payload = group.payload if group.payload is not None else self.wal.read(group.location).blob
-                    delivery = self.store.next_delivery
-                    self._log(Kind.DELIVERED, {"gid": group.gid, "delivery": delivery})
-                    self._cond.notify_all()
-                    return Pulled(payload, delivery)
-                if self.leases.end_of_data:
-                    return Pulled(None)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or cancelled():
-                    return None
-                self._cond.wait(min(remaining, POLL_SECONDS))
+            due = self.clock() + self.config.pull.ack_timeout_seconds
+            for delivery in sent:
+                if delivery in self._ack_deadlines:
+                    self._ack_deadlines[delivery] = min(self._ack_deadlines[delivery], due)
+
+    def _next_ack_due(self) -> float:
+        return min(self._ack_deadlines.values(), default=float("inf"))
+
+    def _return_overdue(self) -> None:
+        """Called under the lock: unacknowledged deliveries whose time ran out go back to the queue."""
+        now = self.clock()
+        if self._next_ack_due() > now:
+            return
+        overdue = sorted(d for d, due in self._ack_deadlines.items() if due <= now)
+        self._log(Kind.RETURNED, {"deliveries": overdue})
+        log.info("%d groups sent to the trainer were not acknowledged in time; they will be sent again",
+                 len(overdue))
+        self._cond.notify_all()
+
+    def _take(self, stream: PullStream) -> Pulled | None:
+        """Called under the lock: the stream's next group, its end-of-data mark, or None for now."""
+        self._return_overdue()
+        group = self.store.peek()
+        while group is not None and is_stale(group.version, self.policy_version, self.config.filters.max_staleness):
+            self._log(Kind.STALE, {"gid": group.gid})
+            group = self.store.peek()
+        if group is not None:
+            payload = group.payload if group.payload is not None else self.wal.read(group.location).blob
+            delivery = self.store.next_delivery
+            self._log(Kind.DELIVERED, {"gid": group.gid, "delivery": delivery, "unacked": True})
+            # Until the stream ends (at the latest when its wait does) and its receiver had time to answer.
+            self._ack_deadlines[delivery] = (self.clock() + max(0.0, stream.deadline - time.monotonic())
+                                             + self.config.pull.ack_timeout_seconds)
+            self._cond.notify_all()
+            return Pulled(payload, delivery)
+        if self._finished_for(stream):
+            return Pulled(None)
+        return None
+
+    def _finished_for(self, stream: PullStream) -> bool:
+        # Deliveries still unacknowledged elsewhere may yet come back to the queue; those of this very stream
+        # reach its receiver before the mark does.
+        return self.leases.end_of_data and not self.store.queue and self.store.unacked.issubset(stream.sent)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
+        """For event-loop callers: wait until `predicate()` (cheap: it runs with the lock held) or `timeout`
+        seconds, holding no thread."""
+        return await self._cond.wait_for_async(predicate, timeout)
+
+    def acknowledge(self, deliveries: Sequence[int]) -> list[int]:
+        """The receiver has these deliveries; returns those it may not keep (they went back to the queue, or
+        were never its own in this buffer's life), which will be delivered again."""
+        limit = self.config.pull.max_groups
+        if len(deliveries) > limit:
+            raise TooLarge(f"{len(deliveries)} deliveries, over the limit of {limit}", field="deliveries")
+        with self._cond:
+            for i, delivery in enumerate(deliveries):
+                if delivery < 1:
+                    raise InvalidInput(f"must be at least 1, got {delivery}", field=f"deliveries[{i}]")
+                self.store.check_delivery(delivery, field=f"deliveries[{i}]")
+            self._return_overdue()
+            fresh = sorted({d for d in deliveries if d in self.store.unacked})
+            if fresh:
+                self._log(Kind.ACKED, {"deliveries": fresh})
+                for delivery in fresh:
+                    del self._ack_deadlines[delivery]
+            return [d for d in deliveries if d not in self.store.delivered]
 
     def commit(self, delivery: int, *, resume: bool = False) -> None:
         with self._cond:
@@ -375,9 +492,12 @@ class Buffer:
         self._roll_when_due()
 
     def set_policy_version(self, version: int) -> None:
-        if version < 0:
-            raise InvalidInput(f"must not be negative, got {version}", field="version")
+        """Going back is allowed: a trainer that resumed from an older checkpoint counts from there again."""
         with self._cond:
+            highest = self.policy_version + self.config.validation.max_version_jump
+            if not 0 <= version <= highest:
+                raise InvalidInput(f"expected 0 to {highest} (the current {self.policy_version} plus "
+                                   f"validation.max_version_jump), got {version}", field="version")
             if version != self.policy_version:
                 self._log(Kind.VERSION, {"version": version})
                 self._cond.notify_all()
@@ -385,7 +505,9 @@ class Buffer:
     def stats(self) -> dict[str, Any]:
         with self._cond:
             self.leases.expire()
+            self._return_overdue()
             return {
+                "unacknowledged": len(self.store.unacked),
                 "queued_groups": len(self.store.queue),
                 "queued_bytes": self.store.queued_bytes,
                 **vars(self.counters),
@@ -398,3 +520,49 @@ class Buffer:
     def close(self) -> None:
         with self._cond:
             self.wal.close()
+
+
+class PullStream:
+    """One PullBatch: what it sent, how many groups it still wants, until when it may wait for them."""
+
+    def __init__(self, buffer: Buffer, wanted: int, deadline: float):
+        self.buffer = buffer
+        self.wanted = wanted
+        self.deadline = deadline  # by time.monotonic
+        self.sent: list[int] = []
+
+    def take(self) -> Pulled | None:
+        """The next group or the end-of-data mark; None when there is neither for now."""
+        with self.buffer._cond:
+            item = self.buffer._take(self)
+        if item is not None and item.payload is not None:
+            self.sent.append(item.delivery)
+            self.wanted -= 1
+        return item
+
+    def take_all(self) -> list[Pulled]:
+        """What take() gives now, up to what the stream still wants, its end-of-data mark, or about
+        TAKE_ALL_BYTES (groups sent again are read from the log: a stream holds no more of them unsent)."""
+        items, size = [], 0
+        while self.wanted and size < TAKE_ALL_BYTES and (item := self.take()) is not None:
+            items.append(item)
+            if item.payload is None:
+                break
+            size += len(item.payload)
+        return items
+
+    def ready(self) -> bool:
+        """Whether take() may give something now; cheap, for a waiter's predicate (the lock held)."""
+        buffer = self.buffer
+        return bool(buffer.store.queue) or buffer._finished_for(self) or buffer._next_ack_due() <= buffer.clock()
+
+    def may_wait(self) -> bool:
+        return time.monotonic() < self.deadline
+
+    def wait_seconds(self) -> float:
+        """How long to wait before looking again: until the wait is over or a delivery falls due."""
+        due = self.buffer._next_ack_due() - self.buffer.clock()
+        return max(0.0, min(self.deadline - time.monotonic(), due))
+
+    def close(self) -> None:
+        self.buffer._stream_ended(self.sent)

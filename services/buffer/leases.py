@@ -19,6 +19,7 @@ from zerobubble.buffer.prompts import PromptSource
 from zerobubble.common.errors import InvalidInput
 
 PromptKey = tuple[int, int]  # (epoch, position in the prompt file)
+MAX_LEASE_ID_CHARS = 40  # "incarnation.number": two 64-bit numbers and the dot
 
 
 @dataclass
@@ -176,8 +177,9 @@ class PromptLeases:
     def check_lease_id(self, lease_id: str, field: str = "lease_id") -> None:
         """Refuse an id this buffer never issued; expired, completed and pre-restart ones are fine."""
         incarnation, dot, number = lease_id.partition(".")
-        if not (dot and incarnation.isdigit() and number.isdigit()):
-            raise InvalidInput(f"{lease_id!r} is not a lease id", field=field)
+        # isdigit() admits characters int() refuses ("²"), and int() refuses thousands of digits.
+        if not (dot and incarnation.isdecimal() and number.isdecimal() and len(lease_id) <= MAX_LEASE_ID_CHARS):
+            raise InvalidInput(f"{lease_id[:MAX_LEASE_ID_CHARS]!r} is not a lease id", field=field)
         if int(incarnation) > self.incarnation or (
             int(incarnation) == self.incarnation and int(number) >= self._issued
         ):

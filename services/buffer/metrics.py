@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from zerobubble.buffer.core import Buffer
+from zerobubble.buffer.filters import NOT_STORED_LABELS
 
 PREFIX = "zerobubble_buffer"
 GAUGES = {
@@ -15,6 +16,7 @@ GAUGES = {
     "epoch": "oldest epoch with unfinished prompts",
     "policy_version": "policy version last set by the trainer",
     "end_of_data": "1 once every prompt of every epoch is finished",
+    "unacknowledged": "groups sent to trainer ranks and not yet acknowledged",
 }
 COUNTERS = {
     "groups_in": "groups stored",
@@ -22,6 +24,7 @@ COUNTERS = {
     "filtered": "groups dropped by the accuracy filter",
     "stale_dropped": "groups dropped at pull time as older than max_staleness",
     "lease_expirations": "leases that expired before they were completed",
+    "returned": "groups sent to trainer ranks that went back to the queue unacknowledged",
 }
 
 
@@ -50,4 +53,8 @@ class BufferMetrics:
             f"{PREFIX}_pull_seconds", "from a PullBatch call to each group it hands out (includes waiting)",
             registry=registry, buckets=buckets,
         )
+        self.not_stored = Counter(f"{PREFIX}_not_stored", "pushed groups acknowledged but not stored, by reason",
+                                  ["reason"], registry=registry)
+        for label in NOT_STORED_LABELS.values():
+            self.not_stored.labels(reason=label)
         registry.register(StatsCollector(core))

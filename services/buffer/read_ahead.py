@@ -1,66 +1,56 @@
 """Reading a request stream ahead of its handler, so that the next group crosses the network while the
 buffer logs the current one.
 
-gRPC's synchronous server asks the transport for the next message only when the handler asks for it,
-so without this a push stream alternates between receiving a group and storing it; with a 3.5 MiB
-group each half takes milliseconds. A reader thread keeps up to `depth` received groups waiting, which
-bounds what a stream holds in memory to `depth + 1` groups.
+grpc reads a stream's next message only when the handler asks for it, so without this a push stream
+alternates between receiving a group and storing it; with a 3.5 MiB group each half takes milliseconds.
+A reader task keeps up to `depth` received groups waiting, which bounds what a stream holds in memory to
+`depth + 1` groups.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
 
 _END = object()
-# How often a reader blocked on a full queue looks whether its consumer went away.
-POLL_SECONDS = 0.25
 
 
 class _Failure:
-    def __init__(self, error: BaseException):
+    def __init__(self, error: Exception):
         self.error = error
 
 
-def read_ahead(source: Iterator[T], depth: int, *, name: str = "read-ahead") -> Iterator[T]:
-    """The items of `source` in order, read by a thread that stays at most `depth` items ahead.
+@asynccontextmanager
+async def read_ahead(source: AsyncIterator[T], depth: int) -> AsyncIterator[AsyncIterator[T]]:
+    """`async with read_ahead(source, depth) as items`: the items of `source` in order, read by a task that
+    stays at most `depth` items ahead (0: no task, `source` itself). An error of `source` is raised from
+    `items` when its turn comes; leaving the block stops the reader."""
+    if depth == 0:
+        yield source
+        return
+    waiting: asyncio.Queue = asyncio.Queue(maxsize=depth)
 
-    An exception raised by `source` is raised here when its turn comes. Closing the returned generator
-    (or dropping it) stops the reader at its next item.
-    """
-    waiting: queue.Queue = queue.Queue(maxsize=depth)
-    stopped = threading.Event()
-
-    def offer(item: object) -> bool:
-        while not stopped.is_set():
-            try:
-                waiting.put(item, timeout=POLL_SECONDS)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def read() -> None:
+    async def read() -> None:
         try:
-            for item in source:
-                if not offer(item):
-                    return
-        except BaseException as exc:  # handed to the consumer, which raises it in its own thread
-            offer(_Failure(exc))
+            async for item in source:
+                await waiting.put(item)
+        except Exception as exc:  # handed to the consumer, which raises it in its turn
+            await waiting.put(_Failure(exc))
         else:
-            offer(_END)
+            await waiting.put(_END)
 
-    reader = threading.Thread(target=read, name=name, daemon=True)
-    reader.start()
-    try:
-        while (item := waiting.get()) is not _END:
+    async def items() -> AsyncIterator[T]:
+        while (item := await waiting.get()) is not _END:
             if isinstance(item, _Failure):
                 raise item.error
             yield item
-    finally:
-        stopped.set()
 
+    reader = asyncio.create_task(read())
+    try:
+        yield items()
+    finally:
+        reader.cancel()

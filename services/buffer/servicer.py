@@ -1,5 +1,9 @@
 """BufferService over gRPC: translates messages and calls the core, nothing more.
 
+The two streams are coroutines: a pull waiting for groups, or a push stream waiting for its next group
+or for room in the buffer, waits on the core's condition and holds no thread. The core's blocking work
+(checking a group, writing the log) runs on the host's threads, and only while there is some.
+
 Groups keep their wire bytes through the buffer: a pushed group is parsed to be checked but the log
 stores the bytes that arrived, and a pulled group leaves as those bytes again. A 3.5 MiB group is
 then never serialized by the buffer, which roughly halves its cost per group.
@@ -7,16 +11,19 @@ then never serialized by the buffer, which roughly halves its cost per group.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
-from zerobubble.buffer.core import Buffer, Pulled
+from zerobubble.buffer.core import Buffer, PreparedGroup, Pulled, PushOutcome
+from zerobubble.buffer.filters import not_stored_label
 from zerobubble.buffer.metrics import BufferMetrics
 from zerobubble.buffer.read_ahead import read_ahead
-from zerobubble.common.errors import InvalidInput, Overloaded
+from zerobubble.common.errors import InvalidInput, ServiceError
 from zerobubble.common.status import status_of, translate_errors
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 
@@ -26,14 +33,18 @@ GROUP_TAG = b"\x0a"  # PulledGroup.group: field 1, length-delimited
 
 @dataclass(frozen=True)
 class WireGroup:
-    """A pushed group parsed, with the bytes it came in."""
+    """A pushed group parsed, with the bytes it came in; `group` is None when they are no ExperienceGroup
+    (refused in that group's ack: a failed deserializer would end the whole stream with INTERNAL)."""
 
     payload: bytes
-    group: common_pb2.ExperienceGroup
+    group: common_pb2.ExperienceGroup | None
 
     @classmethod
     def parse(cls, payload: bytes) -> WireGroup:
-        return cls(payload, common_pb2.ExperienceGroup.FromString(payload))
+        try:
+            return cls(payload, common_pb2.ExperienceGroup.FromString(payload))
+        except DecodeError:
+            return cls(payload, None)
 
 
 def _varint(value: int) -> bytes:
@@ -77,41 +88,68 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         return buffer_pb2.CompleteLeaseReply()
 
     @translate_errors
-    def PushExperience(self, request_iterator, context):
+    async def PushExperience(self, request_iterator, context):
         # A bad group is refused in its own ack so the groups around it, and the stream, go on.
-        def gone() -> bool:
-            return not context.is_active()
+        async with read_ahead(request_iterator, self.core.config.push.read_ahead) as groups:
+            async for wire in groups:
+                started = time.perf_counter()
+                ack = buffer_pb2.PushAck()
+                try:
+                    if wire.group is None:
+                        raise InvalidInput(f"{len(wire.payload)} bytes that are no ExperienceGroup", field="group")
+                    ack.producer_id, ack.sequence = wire.group.producer_id, wire.group.sequence
+                    outcome = await self._push(wire)
+                except ServiceError as exc:
+                    ack.code = status_of(exc).value[0]
+                    ack.error = str(exc)
+                else:
+                    ack.stored = outcome.stored
+                    ack.filtered = outcome.filtered
+                    ack.not_stored = outcome.not_stored
+                    if not outcome.stored:
+                        self.metrics.not_stored.labels(reason=not_stored_label(outcome.not_stored)).inc()
+                self.metrics.push_seconds.observe(time.perf_counter() - started)
+                await context.write(ack)
 
-        depth = self.core.config.push.read_ahead
-        groups = read_ahead(request_iterator, depth, name="buffer-push-read") if depth else request_iterator
-        for wire in groups:
-            started = time.perf_counter()
-            group = wire.group
-            ack = buffer_pb2.PushAck(producer_id=group.producer_id, sequence=group.sequence)
-            try:
-                outcome = self.core.push(group, wire.payload, cancelled=gone)
-            except InvalidInput as exc:
-                ack.code = status_of(exc).value[0]
-                ack.error = str(exc)
-            except Overloaded:
-                return
-            else:
-                ack.stored = outcome.stored
-                ack.filtered = outcome.filtered
-            self.metrics.push_seconds.observe(time.perf_counter() - started)
-            yield ack
+    async def _push(self, wire: WireGroup) -> PushOutcome:
+        def first_try() -> tuple[PreparedGroup, PushOutcome | None]:
+            prepared = self.core.prepare_push(wire.group, wire.payload)
+            return prepared, self.core.try_push(prepared)
+
+        # One trip to a thread per group unless the buffer is full.
+        prepared, outcome = await asyncio.to_thread(first_try)
+        while outcome is None:
+            # The trainer is behind. A caller that leaves cancels this wait; nothing is stored.
+            await self.core.wait_until(lambda: self.core.has_room(prepared), None)
+            outcome = await asyncio.to_thread(self.core.try_push, prepared)
+        return outcome
 
     @translate_errors
-    def PullBatch(self, request, context):
+    async def PullBatch(self, request, context):
         started = time.perf_counter()
-        pulled = self.core.pull(
-            request.rank, request.world_size, request.max_groups, request.wait_seconds,
-            cancelled=lambda: not context.is_active(),
-        )
-        for item in pulled:
-            if item.payload is not None:
-                self.metrics.pull_seconds.observe(time.perf_counter() - started)
-            yield pulled_group_bytes(item)
+        stream = self.core.open_pull(request.rank, request.world_size, request.max_groups, request.wait_seconds)
+        # Headers at once: the caller sees the stream is being served while it waits for groups.
+        await context.send_initial_metadata(())
+        try:
+            while stream.wanted:
+                # Whatever is there now, in one trip to a thread.
+                items = await asyncio.to_thread(stream.take_all)
+                if not items:
+                    if not stream.may_wait():
+                        return
+                    await self.core.wait_until(stream.ready, stream.wait_seconds())
+                for item in items:
+                    if item.payload is not None:
+                        self.metrics.pull_seconds.observe(time.perf_counter() - started)
+                    await context.write(pulled_group_bytes(item))
+                    if item.payload is None:
+                        return
+        finally:
+            stream.close()
+
+    @translate_errors
+    def Acknowledge(self, request, context):
+        return buffer_pb2.AcknowledgeReply(refused=self.core.acknowledge(request.deliveries))
 
     @translate_errors
     def Commit(self, request, context):

@@ -83,7 +83,10 @@ class StoredGroup:
 
 class ExperienceStore:
     """Groups in arrival order, each delivered to exactly one puller; the bytes of delivered groups are
-    dropped from memory and read back from the log only if a restarted trainer asks for them again.
+    dropped from memory and read back from the log only if they have to go out again.
+
+    A delivered group is `unacked` until its receiver acknowledges it; until then it may never have
+    arrived, so a commit passes over it and `give_back` returns it to the queue.
 
     `live_segments` counts, per log segment, the groups in it that are queued or delivered and not
     committed: a segment whose count is zero holds nothing that is still needed."""
@@ -94,6 +97,7 @@ class ExperienceStore:
         self.queue: OrderedDict[int, StoredGroup] = OrderedDict()
         self.queued_bytes = 0
         self.delivered: OrderedDict[int, StoredGroup] = OrderedDict()
+        self.unacked: set[int] = set()
         self.uncommitted_bytes = 0
         self.next_gid = 1
         self.next_delivery = 1
@@ -142,10 +146,12 @@ class ExperienceStore:
         self._forget(group)
         return group
 
-    def deliver(self, gid: int, delivery: int) -> StoredGroup:
+    def deliver(self, gid: int, delivery: int, *, acked: bool = False) -> StoredGroup:
         """Hand a queued group out under delivery number `delivery`; returns it with its bytes."""
         group = self._dequeue(gid)
         self._add_delivered(delivery, group)
+        if not acked:
+            self.unacked.add(delivery)
         return group
 
     def _add_delivered(self, delivery: int, group: StoredGroup) -> None:
@@ -158,28 +164,40 @@ class ExperienceStore:
             raise InvalidInput(f"delivery {delivery} was never made (the last is {self.next_delivery - 1})",
                                field=field)
 
+    def acknowledge(self, delivery: int) -> None:
+        self.unacked.discard(delivery)
+
     def commit(self, delivery: int) -> None:
-        """Every delivery up to `delivery` is consumed for good."""
-        while self.delivered and next(iter(self.delivered)) <= delivery:
-            _, group = self.delivered.popitem(last=False)
-            self.uncommitted_bytes -= group.size
-            self._forget(group)
+        """Every acknowledged delivery up to `delivery` is consumed for good."""
+        for number in [d for d in self.delivered if d <= delivery and d not in self.unacked]:
+            self._drop_delivered(number)
         self.committed = max(self.committed, delivery)
 
-    def redeliver_after(self, delivery: int) -> int:
-        """Put every group delivered after `delivery` back at the head of the queue, in delivery order (their
-        bytes are read from the log when they go out again)."""
-        again = [d for d in self.delivered if d > delivery]
-        for number in reversed(again):
+    def drop_delivered(self, deliveries: list[int]) -> None:
+        """Forget deliveries whatever their state (their log segment is gone)."""
+        for number in deliveries:
+            self.unacked.discard(number)
+            self._drop_delivered(number)
+
+    def _drop_delivered(self, delivery: int) -> None:
+        group = self.delivered.pop(delivery)
+        self.uncommitted_bytes -= group.size
+        self._forget(group)
+
+    def give_back(self, deliveries: list[int]) -> None:
+        """Put these delivered groups back at the head of the queue, in delivery order (their bytes are read
+        from the log when they go out again)."""
+        for number in sorted(deliveries, reverse=True):
             group = self.delivered.pop(number)
+            self.unacked.discard(number)
             self.uncommitted_bytes -= group.size
             self._enqueue(group, front=True)
-        return len(again)
 
     def snapshot(self) -> dict[str, list]:
         return {
             "queued": [group.entry() for group in self.queue.values()],
             "delivered": [[delivery, *group.entry()] for delivery, group in self.delivered.items()],
+            "unacked": sorted(self.unacked),
         }
 
     def restore(self, state: dict[str, list], payloads: dict[int, bytes | None]) -> None:
@@ -191,3 +209,5 @@ class ExperienceStore:
             self._add_delivered(delivery, group)
             self.live_segments[group.location.segment] += 1
             self.next_gid = max(self.next_gid, group.gid + 1)
+        # Snapshots written before deliveries were acknowledged hold only deliveries counted as received.
+        self.unacked = set(state.get("unacked", []))

@@ -1,38 +1,118 @@
-"""Checks on a pushed group that need no buffer state; each failure names the offending field."""
+"""Checks on a pushed group; each failure names the offending field.
+
+Every value a group carries reaches the trainer's arithmetic or its allocations: a NaN reward makes a
+NaN step, an out-of-vocabulary id an IndexError, a long response a padded tensor of that length for
+every sample of the step. So each is checked here, before anything of the group is stored.
+"""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
+from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.codec import decode_array
-from zerobubble.common.errors import InvalidInput
+from zerobubble.common.errors import InvalidInput, TooLarge
 from zerobubble.v1 import common_pb2
 
+FINISH_REASONS = {common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH}
+# Engines compute log-probs in reduced precision (bf16 logits, fused kernels), so a token drawn with
+# probability ~1 may come back a hair above 0; anything clearly positive is not a log-probability.
+LOGPROB_TOLERANCE = 1e-3
+MAX_ID_CHARS = 256
 
-def check_group(group: common_pb2.ExperienceGroup, size: int, *, num_generations: int | None, max_bytes: int) -> None:
-    """Refuse a malformed group of `size` serialized bytes with InvalidInput."""
+
+def _check_name(value: str, field: str, *, required: bool) -> None:
+    if required and not value:
+        raise InvalidInput("must not be empty", field=field)
+    if len(value) > MAX_ID_CHARS:
+        raise TooLarge(f"{len(value)} characters, over the limit of {MAX_ID_CHARS}", field=field)
+    if not value.isprintable():
+        raise InvalidInput("must be printable characters only", field=field)
+
+
+def _check_length(tokens: np.ndarray, field: str, limit: int) -> None:
+    if len(tokens) == 0:
+        raise InvalidInput("must not be empty", field=field)
+    if len(tokens) > limit:
+        raise TooLarge(f"{len(tokens)} tokens, over the limit of {limit}", field=field)
+
+
+def _ids_problem(ids: np.ndarray, vocab_size: int | None) -> str:
+    # Read as unsigned, a negative id is above any vocabulary: one pass checks both bounds.
+    if ids.min() >= 0 if vocab_size is None else ids.view(np.uint32).max() < vocab_size:
+        return ""
+    bound = "" if vocab_size is None else f", below the vocabulary size {vocab_size}"
+    return f"token ids must be non-negative{bound}; got {int(ids.min())} to {int(ids.max())}"
+
+
+def _logprobs_problem(logprobs: np.ndarray) -> str:
+    # min and max carry a NaN through: two reductions instead of a mask per condition.
+    if not (np.isfinite(logprobs.min()) and logprobs.max() <= LOGPROB_TOLERANCE):
+        return "log-probabilities must be finite and not above 0"
+    return ""
+
+
+def _check_all(arrays: list[np.ndarray], name: str, problem) -> None:
+    """One check over the arrays of every trajectory at once (most groups pass, and numpy's cost is per
+    call); on a failure, the first trajectory at fault is named."""
+    if problem(np.concatenate(arrays)):
+        index, found = next((i, problem(a)) for i, a in enumerate(arrays) if problem(a))
+        raise InvalidInput(found, field=f"trajectories[{index}].{name}")
+
+
+def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServiceConfig, *,
+                policy_version: int) -> None:
+    """Refuse a malformed group of `size` serialized bytes: InvalidInput, or TooLarge over a configured limit.
+
+    `policy_version` is the buffer's current one, which a trajectory may be only so far ahead of."""
+    limits = config.validation
+    max_bytes = config.capacity.max_group_bytes
     if size > max_bytes:
         raise InvalidInput(f"the group is {size} bytes, over the limit of {max_bytes}", field="group")
-    if not group.producer_id:
-        raise InvalidInput("must not be empty", field="producer_id")
+    _check_name(group.producer_id, "producer_id", required=True)
+    _check_name(group.producer_incarnation, "producer_incarnation", required=False)
     if group.sequence < 0:
         raise InvalidInput(f"must not be negative, got {group.sequence}", field="sequence")
     if not group.HasField("prompt") or not group.prompt.prompt_id:
         raise InvalidInput("must not be empty", field="prompt.prompt_id")
-    decode_array(group.prompt_ids, "prompt_ids", dtype="int32", ndim=1)
+    prompt = decode_array(group.prompt_ids, "prompt_ids", dtype="int32", ndim=1)
+    _check_length(prompt, "prompt_ids", limits.max_prompt_tokens)
+    if problem := _ids_problem(prompt, limits.vocab_size):
+        raise InvalidInput(problem, field="prompt_ids")
     count = len(group.trajectories)
+    if count > limits.max_trajectories:
+        raise TooLarge(f"{count} trajectories, over the limit of {limits.max_trajectories}", field="trajectories")
+    num_generations = config.filters.num_generations
     if count == 0 or (num_generations is not None and count != num_generations):
         expected = num_generations if num_generations is not None else "at least 1"
         raise InvalidInput(f"expected {expected} trajectories, got {count}", field="trajectories")
+    newest = policy_version + limits.max_version_ahead
+    responses, logprobs = [], []
     for i, trajectory in enumerate(group.trajectories):
         where = f"trajectories[{i}]"
         tokens = decode_array(trajectory.response_ids, f"{where}.response_ids", dtype="int32", ndim=1)
-        if len(tokens) == 0:
-            raise InvalidInput("empty response", field=f"{where}.response_ids")
-        logprobs = decode_array(
+        _check_length(tokens, f"{where}.response_ids", limits.max_response_tokens)
+        behaviour = decode_array(
             trajectory.behaviour_logprobs, f"{where}.behaviour_logprobs", dtype="float32", ndim=1
         )
-        if len(logprobs) != len(tokens):
-            raise InvalidInput(f"{len(logprobs)} log-probs for {len(tokens)} tokens",
+        if len(behaviour) != len(tokens):
+            raise InvalidInput(f"{len(behaviour)} log-probs for {len(tokens)} tokens",
                                field=f"{where}.behaviour_logprobs")
-        if trajectory.policy_version < 0:
-            raise InvalidInput(f"must not be negative, got {trajectory.policy_version}",
+        if trajectory.finish_reason not in FINISH_REASONS:
+            raise InvalidInput(f"expected FINISH_REASON_STOP or FINISH_REASON_LENGTH, got {trajectory.finish_reason}",
+                               field=f"{where}.finish_reason")
+        if not math.isfinite(trajectory.reward):
+            raise InvalidInput(f"must be finite, got {trajectory.reward}", field=f"{where}.reward")
+        if not (math.isfinite(trajectory.temperature) and trajectory.temperature > 0):
+            raise InvalidInput(f"must be finite and above 0, got {trajectory.temperature}",
+                               field=f"{where}.temperature")
+        if not 0 <= trajectory.policy_version <= newest:
+            raise InvalidInput(f"expected 0 to {newest} (the buffer's policy version {policy_version} plus "
+                               f"validation.max_version_ahead), got {trajectory.policy_version}",
                                field=f"{where}.policy_version")
+        responses.append(tokens)
+        logprobs.append(behaviour)
+    _check_all(responses, "response_ids", lambda ids: _ids_problem(ids, limits.vocab_size))
+    _check_all(logprobs, "behaviour_logprobs", _logprobs_problem)

@@ -8,7 +8,9 @@ for records of the new one. Files without the header (written before segments ro
 checksummed without a seed and still replay.
 
 Every record is handed to the kernel with one write() before `append` returns, so a killed
-process loses nothing it acknowledged; `fsync` decides what a machine crash may lose. The active
+process loses nothing it acknowledged; `fsync` decides what a machine crash may lose. A write that
+fails (a full disk) leaves nothing behind: the file is cut back to its last whole record, and the log
+takes the next record as if the failed one had never been tried. The active
 segment's file grows in steps ahead of its records; the zeros after the last record mark its end
 (a record never starts with zero bytes: its length is at least 5).
 
@@ -198,7 +200,7 @@ class WriteAheadLog:
         Must run, and be consumed, before the first `append`.
         """
         if not self._segments:
-            self._create(1, [])
+            self._start_segment(1, [])
         else:
             last = self._active.number
             for segment in list(self._segments.values()):
@@ -264,18 +266,25 @@ class WriteAheadLog:
             active = self._active
             if active.seed != seed:  # the log rolled since the checksum was taken
                 pieces = encode(kind, meta, blob, active.seed)
-            if active.end + length > self._allocated:
-                # Writes that extend a file are several times slower (per-page size updates) than
-                # writes inside it, so the file grows ahead of the records; replay stops at the zeros.
-                self._allocated = -(-(active.end + length) // PREALLOCATE) * PREALLOCATE
-                os.ftruncate(self._fd, self._allocated)
+            try:
+                if active.end + length > self._allocated:
+                    # Writes that extend a file are several times slower (per-page size updates) than
+                    # writes inside it, so the file grows ahead of the records; replay stops at the zeros.
+                    allocated = -(-(active.end + length) // PREALLOCATE) * PREALLOCATE
+                    os.ftruncate(self._fd, allocated)
+                    self._allocated = allocated
+                _pwrite_all(self._fd, pieces, active.end)
+                if self.fsync == "always":
+                    os.fsync(self._fd)
+            except OSError:
+                # Cutting the file frees what the failed write took of a full disk, and no part of it can
+                # be read back as a record.
+                os.ftruncate(self._fd, active.end)
+                self._allocated = active.end
+                raise
             location = Location(active.number, active.end)
-            _pwrite_all(self._fd, pieces, active.end)
             active.end += length
-            if self.fsync == "always":
-                os.fsync(self._fd)
-            else:
-                self._dirty = True
+            self._dirty = self.fsync != "always"
         return location
 
     def read(self, location: Location) -> Record:
@@ -295,24 +304,29 @@ class WriteAheadLog:
         return decode_payload(payload, location)
 
     def roll(self, kind: int, meta: dict[str, Any], blob: bytes = b"") -> Location:
-        """Close the active segment and start the next one with this record; its location."""
+        """Close the active segment and start the next one with this record; its location. When the next
+        segment cannot be made (a full disk) the active one stays as it was and keeps taking appends."""
         with self._io:
             if self._fd is None:
                 raise RuntimeError(f"write-ahead log {self.directory} is not open")
-            # Cut to its records, so that only the last segment may ever hold bytes that are not records.
-            os.ftruncate(self._fd, self._active.end)
+            # The record refers to the active segment's records: they are on disk before it is.
             if self.fsync != "never":
                 os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
+            old, previous = self._fd, self._active
+            number = previous.number + 1
+            self._start_segment(number, encode(kind, meta, blob, number))
+            # Cut to its records, so that only the last segment may ever hold bytes that are not records.
+            os.ftruncate(old, previous.end)
+            if self.fsync != "never":
+                os.fsync(old)
+            os.close(old)
             self._dirty = False
-            number = self._active.number + 1
-            self._create(number, encode(kind, meta, blob, number))
         return Location(number, HEADER.size)
 
-    def _create(self, number: int, first: list[bytes]) -> None:
+    def _start_segment(self, number: int, first: list[bytes]) -> None:
         """Make segment `number` with its header and first record, written before it gets its name, so
-        that a segment file never lacks them; a spare file is used when there is one."""
+        that a segment file never lacks them; a spare file is used when there is one. Nothing changes
+        when that fails."""
         spare = self.directory / SPARE
         reused = self.reuse_files and spare.exists()
         path = spare if reused else self._path(number).with_suffix(f"{SUFFIX}.tmp")
@@ -324,6 +338,8 @@ class WriteAheadLog:
             os.rename(path, self._path(number))
         except BaseException:
             os.close(fd)
+            if not reused:
+                path.unlink(missing_ok=True)
             raise
         if self.fsync != "never":
             self._sync_directory()
@@ -369,7 +385,11 @@ class WriteAheadLog:
 
     def _sync_every(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            self.sync()
+            try:
+                self.sync()
+            except OSError as exc:
+                log.error("write-ahead log %s: fsync failed (%s); trying again in %.1f s", self.directory, exc,
+                          interval)
 
     def close(self) -> None:
         self._stop.set()

@@ -23,6 +23,10 @@ class Overloaded(ServiceError):
     """The service is at capacity; retry later (RESOURCE_EXHAUSTED)."""
 
 
+class TemporarilyUnavailable(ServiceError):
+    """The service cannot do it now but may later, e.g. its disk is full (UNAVAILABLE: worth retrying)."""
+
+
 class NotFound(ServiceError):
     """The request refers to something that does not exist (NOT_FOUND)."""
 

@@ -16,6 +16,7 @@ STATUS_OF: dict[type[errors.ServiceError], grpc.StatusCode] = {
     errors.InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
     errors.TooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.TemporarilyUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.Unavailable: grpc.StatusCode.FAILED_PRECONDITION,
 }

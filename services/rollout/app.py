@@ -60,7 +60,7 @@ class RolloutHost(ServiceHost):
         self.generate_calls = GenerateCalls(self.worker, config.generate_limits())
         self.add(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
                  RolloutServicer(self.worker, self.generate_calls, model.engine), "zerobubble.v1.RolloutService")
-        self._loop = threading.Thread(target=self._run_worker, name="rollout-worker", daemon=True)
+        self._worker_thread = threading.Thread(target=self._run_worker, name="rollout-worker", daemon=True)
 
     def _run_worker(self) -> None:
         self.worker.run()
@@ -71,14 +71,14 @@ class RolloutHost(ServiceHost):
         super().start()
         if self.receiver is not None:
             self.receiver.start()
-        self._loop.start()
+        self._worker_thread.start()
         return self
 
     def stop(self, grace: float | None = None) -> None:
         self.worker.stop()
         super().stop(grace)
-        if self._loop.is_alive():
-            self._loop.join(timeout=60)
+        if self._worker_thread.is_alive():
+            self._worker_thread.join(timeout=60)
         if self.receiver is not None:
             self.receiver.close()
         self.engine.close()

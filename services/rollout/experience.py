@@ -38,12 +38,13 @@ def experience_group(
     policy_version: int,
     temperature: float,
     producer_id: str,
+    producer_incarnation: str,
     sequence: int,
     lease_id: str,
 ) -> common_pb2.ExperienceGroup:
     group = common_pb2.ExperienceGroup(
         prompt=prompt, prompt_ids=encode_array(np.asarray(prompt_ids, dtype=np.int32)),
-        producer_id=producer_id, sequence=sequence, lease_id=lease_id,
+        producer_id=producer_id, producer_incarnation=producer_incarnation, sequence=sequence, lease_id=lease_id,
     )
     for sample, score in zip(samples, scores, strict=True):
         group.trajectories.append(common_pb2.Trajectory(

@@ -10,9 +10,13 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
+import grpc
+
 from zerobubble.buffer.client import BufferClient
+from zerobubble.buffer.filters import not_stored_label
 from zerobubble.common.persistence import Stopped, until_done
 from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
@@ -63,6 +67,9 @@ class RolloutWorker:
         self.error: BaseException | None = None
         self.groups_pushed = 0
         self.tokens_per_second = 0.0
+        # Sequence numbers start again with every process, and a restarted worker keeps its worker_id: the
+        # incarnation keeps its groups from passing for retries of the ones its previous life pushed.
+        self.incarnation = uuid.uuid4().hex
         self._sequence = 0
         self._batches = 0
         self._scoring: queue.Queue[GeneratedBatch | None] = queue.Queue(maxsize=1)
@@ -197,8 +204,8 @@ class RolloutWorker:
             self._sequence += 1
             groups.append(experience_group(
                 prompt, ids, samples, scores, policy_version=batch.policy_version,
-                temperature=batch.temperature, producer_id=self.config.worker_id, sequence=self._sequence,
-                lease_id=batch.lease.lease_id,
+                temperature=batch.temperature, producer_id=self.config.worker_id,
+                producer_incarnation=self.incarnation, sequence=self._sequence, lease_id=batch.lease.lease_id,
             ))
         started = time.monotonic()
         self._push(groups)
@@ -207,11 +214,17 @@ class RolloutWorker:
 
     def _push(self, groups: list[common_pb2.ExperienceGroup]) -> None:
         """Push until every group is acknowledged; a broken stream resends the rest with the same
-        sequence numbers, which the buffer stores once."""
+        sequence numbers, which the buffer stores once. A group refused for now (the buffer cannot write
+        its log) is sent again after a pause."""
         pending = {g.sequence: g for g in groups}
 
-        def attempt() -> None:
+        def attempt() -> int:
+            deferred = 0
             for ack in self.buffer.push(list(pending.values())):
+                if ack.code == grpc.StatusCode.UNAVAILABLE.value[0]:
+                    deferred += 1
+                    log.warning("the buffer cannot take group %s now: %s", ack.sequence, ack.error)
+                    continue
                 group = pending.pop(ack.sequence, None)
                 if ack.code:
                     log.error("the buffer refused group %s of prompt %s: %s", ack.sequence,
@@ -220,10 +233,15 @@ class RolloutWorker:
                     self.groups_pushed += 1
                     self.metrics.groups_pushed.inc()
                 else:
-                    self.metrics.groups_not_stored.labels(reason=ack.filtered or "duplicate").inc()
+                    self.metrics.groups_not_stored.labels(reason=not_stored_label(ack.not_stored)).inc()
+            return deferred
 
+        backoff = 0.1
         while pending:
-            self._persist(attempt, "push")
+            if self._persist(attempt, "push"):
+                if self.stopping.wait(backoff):
+                    raise Stopped("push")
+                backoff = min(self.config.backoff_max_seconds, backoff * 2)
 
     def _persist(self, call, what: str):
         return until_done(call, what=what, stop=self.stopping, max_backoff=self.config.backoff_max_seconds)

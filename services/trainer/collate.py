@@ -7,12 +7,15 @@ columns P-1..P+T-2 for every sample alike.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 from zerobubble.common.codec import decode_array
+from zerobubble.common.errors import InvalidInput
 from zerobubble.v1 import common_pb2
 
 
@@ -48,6 +51,32 @@ class ExperienceBatch:
             value = getattr(self, field.name)
             parts[field.name] = value[index] if isinstance(value, torch.Tensor) else value
         return ExperienceBatch(**parts)
+
+
+def unusable(group: common_pb2.ExperienceGroup, vocab_size: int) -> str:
+    """Why training on this group would poison or crash the step ("" when it would not): the trainer's own
+    check, whatever the buffer let through (a buffer configured without the vocabulary size, or another
+    version of it)."""
+    try:
+        arrays = [("prompt_ids", decode_array(group.prompt_ids, "prompt_ids", dtype="int32", ndim=1))]
+        for i, trajectory in enumerate(group.trajectories):
+            where = f"trajectories[{i}]"
+            arrays.append((f"{where}.response_ids", decode_array(
+                trajectory.response_ids, f"{where}.response_ids", dtype="int32", ndim=1)))
+            logprobs = decode_array(trajectory.behaviour_logprobs, f"{where}.behaviour_logprobs",
+                                    dtype="float32", ndim=1)
+            if not np.isfinite(logprobs).all():
+                return f"{where}.behaviour_logprobs: not finite"
+            if not math.isfinite(trajectory.reward):
+                return f"{where}.reward: not finite ({trajectory.reward})"
+            if not (math.isfinite(trajectory.temperature) and trajectory.temperature > 0):
+                return f"{where}.temperature: must be finite and above 0, got {trajectory.temperature}"
+    except InvalidInput as exc:
+        return str(exc)
+    for field, ids in arrays:
+        if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
+            return f"{field}: token ids outside [0, {vocab_size})"
+    return ""
 
 
 def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> ExperienceBatch:

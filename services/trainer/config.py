@@ -44,7 +44,6 @@ class CheckpointConfig(Schema):
 
 class TrainerServiceConfig(Schema):
     server: ServerConfig = ServerConfig(listen="127.0.0.1:50055")
-    trainer_id: str = "trainer"
     model: Path = Field(description="the HF-format model folder to start from")
     run_dir: Path = Field(Path("runs/trainer"), description="checkpoints and metrics.jsonl go here")
     resume: bool = Field(False, description="continue from the newest checkpoint in run_dir")

@@ -4,6 +4,9 @@ One step: pull `groups_per_step` groups for this data-parallel rank, collate, up
 the policy version, hand the weights to the broadcaster (which sends them while the next step trains),
 tell the buffer the new version, write the step's figures. Every `interval_steps` a checkpoint is
 written and the buffer told that everything delivered so far is consumed (Commit).
+
+What is committed is what was trained (or refused as unusable): groups pulled for a step that never
+trains (the end of the data, a stop) are not, so a resumed run gets them again.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
+from transformers import AutoConfig
+
 from zerobubble.buffer.client import BufferClient, PullResult
 from zerobubble.common.errors import Unavailable
 from zerobubble.common.persistence import Stopped, until_done
 from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
-from zerobubble.trainer.collate import ExperienceBatch, collate
+from zerobubble.trainer.collate import ExperienceBatch, collate, unusable
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.trainer.metrics import TrainerMetrics
 from zerobubble.trainer.strategies.base import Strategy
 from zerobubble.trainer.update import PolicyUpdate
-from zerobubble.v1 import common_pb2
+from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
 PULL_BACKOFF_MAX_SECONDS = 2.0
@@ -61,6 +66,8 @@ class TrainingLoop:
         self.step = 0
         self.policy_version = 0
         self.delivered = 0        # the newest buffer delivery this rank has trained on
+        # Ids at or above this would index past the embedding (an IndexError mid-step).
+        self.vocab_size = AutoConfig.from_pretrained(config.model).get_text_config().vocab_size
         self.last_checkpoint = ""
         self.last_checkpoint_step = -1
         self.checkpoints = Checkpoints(config.run_dir / "checkpoints", keep=config.checkpoint.keep)
@@ -85,13 +92,13 @@ class TrainingLoop:
             log.info("no checkpoint in %s: starting from the model", self.checkpoints.directory)
             if self.strategy.rank == 0:
                 # A trainer that died before its first checkpoint took deliveries with it: they come again.
-                self.buffer.commit(0, resume=True, trainer_id=self.config.trainer_id)
+                self.buffer.commit(0, resume=True)
             return
         self.step, self.policy_version = state.step, state.policy_version
         self.delivered = max(0, state.buffer_delivery)
         self.last_checkpoint, self.last_checkpoint_step = str(self.checkpoints.latest()), state.step
         if self.strategy.rank == 0:
-            self.buffer.commit(self.delivered, step=self.step, resume=True, trainer_id=self.config.trainer_id)
+            self.buffer.commit(self.delivered, resume=True)
             self.buffer.set_policy_version(self.policy_version)
         log.info("resumed from %s at step %d (policy version %d)", self.last_checkpoint, self.step,
                  self.policy_version)
@@ -111,15 +118,17 @@ class TrainingLoop:
             self._publish()
         max_steps = self.config.max_steps
         while not self.stopping.is_set() and (max_steps is None or self.step < max_steps):
-            groups = self._pull()
-            if groups is None:
+            pulled = self._pull()
+            if pulled is None:
                 break
             if self.strategy.rank == 0:
                 # Groups pushed from now on train the next version: staleness and the workers' lag count from it,
                 # so a strictly on-policy worker waits for the new weights instead of generating for a step
                 # already pulled (whose groups the buffer would then drop as stale).
                 self.buffer.set_policy_version(self.policy_version + 1)
+            groups, last_delivery = pulled
             self._train(groups)
+            self.delivered = max(self.delivered, last_delivery)
             if self.step % self.config.checkpoint.interval_steps == 0:
                 self.save_checkpoint()
             self._serve_requests()
@@ -133,9 +142,10 @@ class TrainingLoop:
     def stop(self) -> None:
         self.stopping.set()
 
-    def _pull(self) -> list[common_pb2.ExperienceGroup] | None:
-        """This rank's groups of the next step; None at the end of the data."""
-        wanted, groups = self.groups_per_rank, []
+    def _pull(self) -> tuple[list[common_pb2.ExperienceGroup], int] | None:
+        """This rank's groups of the next step and the newest delivery among them (and those refused); None at
+        the end of the data."""
+        wanted, groups, last_delivery = self.groups_per_rank, [], 0
         trained = self.delivered
         started = time.monotonic()
         while len(groups) < wanted and not self.stopping.is_set():
@@ -146,8 +156,10 @@ class TrainingLoop:
                 result = self._pull_once(wanted - len(groups))
             except Stopped:
                 break
-            groups.extend(g.group for g in result.groups)
-            self.delivered = max(self.delivered, result.last_delivery)
+            for pulled in result.groups:
+                if not self._refused(pulled):
+                    groups.append(pulled.group)
+            last_delivery = max(last_delivery, result.last_delivery)
             if result.end_of_data:
                 break
         self.idle_seconds += time.monotonic() - started
@@ -157,16 +169,32 @@ class TrainingLoop:
             if groups:
                 log.info("end of the data: %d groups left over, fewer than a step's %d", len(groups), wanted)
             return None
-        return groups
+        return groups, last_delivery
+
+    def _refused(self, pulled: buffer_pb2.PulledGroup) -> bool:
+        """A group the step must not train on (non-finite values, ids outside the vocabulary) is skipped and
+        counted, not stepped on: one such group would make the step NaN or crash it."""
+        problem = unusable(pulled.group, self.vocab_size)
+        if problem:
+            self.metrics.groups_refused.inc()
+            log.error("refusing group of prompt %s (delivery %d): %s", pulled.group.prompt.prompt_id,
+                      pulled.delivery, problem)
+        return bool(problem)
 
     def _pull_once(self, count: int) -> PullResult:
-        """One PullBatch, retried while the buffer is down or restarting: a stream is not retried by the
-        client, and a buffer restart must not end the run."""
-        return until_done(
-            lambda: self.buffer.pull(self.strategy.rank, self.strategy.world_size, count,
-                                     wait_seconds=self.config.batch.pull_wait_seconds,
-                                     trainer_id=self.config.trainer_id),
+        """One PullBatch, retried while the buffer is down or restarting (a stream is not retried by the
+        client, and a buffer restart must not end the run); then its acknowledgement, retried until the buffer
+        answers it, as only its answer says which groups are this trainer's: giving up on a lost reply would
+        drop groups the buffer counts as received, and keeping them unanswered would train them twice."""
+        received = until_done(
+            lambda: self.buffer.receive(self.strategy.rank, self.strategy.world_size, count,
+                                        wait_seconds=self.config.batch.pull_wait_seconds),
             what="pull", stop=self.stopping, max_backoff=PULL_BACKOFF_MAX_SECONDS)
+        if not received.groups:
+            return received
+        refused = until_done(lambda: self.buffer.acknowledge(received.deliveries), what="acknowledge",
+                             stop=self.stopping, max_backoff=PULL_BACKOFF_MAX_SECONDS)
+        return received.keeping(refused)
 
     def _train(self, groups: list[common_pb2.ExperienceGroup]) -> None:
         started = time.monotonic()
@@ -244,7 +272,7 @@ class TrainingLoop:
             directory = self.checkpoints.save(self.strategy, state)
             self.last_checkpoint, self.last_checkpoint_step = str(directory), self.step
             if self.strategy.rank == 0:
-                self.buffer.commit(delivery, step=self.step, trainer_id=self.config.trainer_id)
+                self.buffer.commit(delivery)
             return str(directory), self.step
 
 

@@ -33,6 +33,8 @@ class TrainerMetrics:
     def __init__(self, registry: CollectorRegistry):
         self.steps = Counter(f"{PREFIX}_steps", "training steps done", registry=registry)
         self.policy_version = Gauge(f"{PREFIX}_policy_version", "version of the newest weights", registry=registry)
+        self.groups_refused = Counter(f"{PREFIX}_groups_refused", "experience groups skipped as unusable "
+                                      "(non-finite values, token ids outside the vocabulary)", registry=registry)
         self.figures = {name: Gauge(f"{PREFIX}_{name}", text, registry=registry)
                         for name, text in STEP_FIGURES.items()}
 

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
+from zerobubble.buffer.client import BufferClient
 from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.codec import encode_array
-from zerobubble.common.config import load_config
+from zerobubble.common.config import ClientConfig, load_config
 from zerobubble.v1 import common_pb2
 
 PYTHON = sys.executable
@@ -102,3 +107,88 @@ def prompts_of(buffer, count: int) -> list[common_pb2.Prompt]:
     """The first `count` prompts of the buffer's file, without a lease: a lease never hands out more prompts
     than the queue has room for, and the tests of a full queue need more groups than that."""
     return [row.to_message(0) for row in buffer.source.rows[:count]]
+
+
+class BufferProcess:
+    """`zerobubble serve buffer` on a port of its own choosing; the same log folder on every start."""
+
+    def __init__(self, tmp_path, **overrides):
+        self.config = tmp_path / "buffer.yaml"
+        tree: dict = {}
+        for dotted, value in settings(tmp_path, **overrides).items():
+            *sections, key = dotted.split(".")
+            node = tree
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[key] = value
+        self.config.write_text(yaml.safe_dump(tree))
+        self.log = tmp_path / "buffer.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> BufferClient:
+        with open(self.log, "a") as log:
+            self.process = subprocess.Popen(
+                [PYTHON, "-m", "zerobubble.cli", "serve", "buffer", "--config", str(self.config)],
+                stdout=subprocess.PIPE, stderr=log, text=True,
+            )
+        line = self.process.stdout.readline()
+        assert line, f"the buffer did not start:\n{self.log.read_text()}"
+        address = json.loads(line)["address"]
+        return BufferClient(ClientConfig(address=address, timeout_seconds=10, retry_seconds=0))
+
+    def stop(self, sig: int) -> int:
+        self.process.send_signal(sig)
+        return self.process.wait(10)
+
+
+class CuttableProxy:
+    """A loopback TCP proxy in front of `target` whose open connections can be cut at once, as a network drop
+    would; new connections go through again."""
+
+    def __init__(self, target: str):
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            with self.lock:
+                self.connections += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        with self.lock:
+            cut, self.connections = self.connections, []
+        for connection in cut:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            connection.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()

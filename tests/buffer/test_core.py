@@ -14,7 +14,7 @@ from zerobubble.buffer.prompts import PromptFileError
 from zerobubble.buffer.wal import HEADER, REUSED, SPARE, encode
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import ConfigError, load_config
-from zerobubble.common.errors import InvalidInput, Overloaded
+from zerobubble.common.errors import InvalidInput
 from zerobubble.v1 import common_pb2
 
 
@@ -38,8 +38,10 @@ def push_all(buffer, prompts, producer="w", first_sequence=0, **group_options):
 
 
 def pulled_groups(buffer, count, wait=0.0):
-    items = list(buffer.pull(0, 1, count, wait))
-    return [(common_pb2.ExperienceGroup.FromString(i.payload), i.delivery) for i in items if i.payload is not None]
+    """Pulled and acknowledged, as the trainer's client does."""
+    items = [i for i in buffer.pull(0, 1, count, wait) if i.payload is not None]
+    assert buffer.acknowledge([i.delivery for i in items]) == []
+    return [(common_pb2.ExperienceGroup.FromString(i.payload), i.delivery) for i in items]
 
 
 def test_every_prompt_ends_in_exactly_one_group_and_the_end_is_signalled(open_buffer):
@@ -122,15 +124,6 @@ def test_a_full_buffer_stops_leases_and_makes_pushes_wait(open_buffer):
     # Room for one group: a lease gets no more, and prompts out on lease count as groups on their way.
     assert len(buffer.lease_prompts("w", 3).prompts) == 1
     assert buffer.lease_prompts("w", 1).prompts == [], "one queued and one on lease fill the two places"
-
-
-def test_a_waiting_push_whose_caller_left_stores_nothing(open_buffer):
-    buffer = open_buffer(prompts=2, capacity__max_groups=1)
-    first, second = prompts_of(buffer, 2)
-    buffer.push(make_group(first, "w", 0))
-    with pytest.raises(Overloaded):
-        buffer.push(make_group(second, "w", 1), cancelled=lambda: True)
-    assert buffer.stats()["groups_in"] == 1
 
 
 def test_expired_leases_come_back_and_are_counted(open_buffer, clock):

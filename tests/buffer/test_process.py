@@ -2,51 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import threading
 
 import grpc
 import pytest
-import yaml
-from buffer_helpers import PYTHON, make_group, prompt_key, settings
+from buffer_helpers import PYTHON, BufferProcess, make_group, prompt_key
 
-from zerobubble.buffer.client import BufferClient
 from zerobubble.buffer.wal import HEADER, REUSED
-from zerobubble.common.config import ClientConfig
-
-
-class BufferProcess:
-    """`zerobubble serve buffer` on a port of its own choosing; the same log folder on every start."""
-
-    def __init__(self, tmp_path, **overrides):
-        self.config = tmp_path / "buffer.yaml"
-        tree: dict = {}
-        for dotted, value in settings(tmp_path, **overrides).items():
-            *sections, key = dotted.split(".")
-            node = tree
-            for section in sections:
-                node = node.setdefault(section, {})
-            node[key] = value
-        self.config.write_text(yaml.safe_dump(tree))
-        self.log = tmp_path / "buffer.log"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> BufferClient:
-        with open(self.log, "a") as log:
-            self.process = subprocess.Popen(
-                [PYTHON, "-m", "zerobubble.cli", "serve", "buffer", "--config", str(self.config)],
-                stdout=subprocess.PIPE, stderr=log, text=True,
-            )
-        line = self.process.stdout.readline()
-        assert line, f"the buffer did not start:\n{self.log.read_text()}"
-        address = json.loads(line)["address"]
-        return BufferClient(ClientConfig(address=address, timeout_seconds=10, retry_seconds=0))
-
-    def stop(self, sig: int) -> int:
-        self.process.send_signal(sig)
-        return self.process.wait(10)
 
 
 @pytest.fixture

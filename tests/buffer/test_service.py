@@ -31,7 +31,7 @@ def test_lease_push_pull_commit_round_trip(serve):
     pulled = client.pull(0, 1, 10, wait_seconds=5)
     assert pulled.end_of_data and pulled.last_delivery == 4
     assert sorted(prompt_key(g.group) for g in pulled.groups) == sorted(prompt_key(p) for p in reply.prompts)
-    client.commit(pulled.last_delivery, step=1)
+    client.commit(pulled.last_delivery)
     stats = client.stats()
     assert (stats.groups_in, stats.groups_out, stats.queued_groups, stats.end_of_data) == (4, 4, 0, True)
     assert client.lease("w", 1).end_of_data
@@ -107,6 +107,19 @@ def test_a_full_buffer_holds_pushes_until_the_trainer_pulls(serve, read_ahead):
     pusher.join(5)
     assert len(acks) == 5 and all(a.stored for a in acks)
     assert len(pulled.groups) + len(client.pull(0, 1, 5).groups) == 5
+
+
+def test_a_waiting_push_whose_caller_left_stores_nothing(serve):
+    host, client = serve(prompts=2, capacity__max_groups=1)
+    first, second = prompts_of(host.core, 2)
+    assert list(client.push([make_group(first, "w", 0)]))[0].stored
+    waiting = client.push(iter([make_group(second, "w", 1)]))
+    time.sleep(0.5)
+    waiting.cancel()
+    assert len(client.pull(0, 1, 1).groups) == 1, "room at last, but the push that waited for it is gone"
+    time.sleep(0.5)
+    assert client.stats().groups_in == 1
+    assert list(client.push([make_group(second, "w", 1)]))[0].stored, "nothing of it was kept"
 
 
 def test_each_group_goes_to_exactly_one_rank(serve):

@@ -42,32 +42,35 @@ def test_capacity_by_groups_and_bytes_but_an_empty_queue_takes_anything():
     assert store.full and not store.has_room(1)
 
 
-def test_commit_forgets_and_redelivery_restores_in_order():
+def test_commit_forgets_acknowledged_deliveries_and_giving_back_restores_the_order():
     store = ExperienceStore(max_groups=10, max_bytes=1000)
     for gid in (1, 2, 3, 4):
         store.add(group(gid))
     for delivery, gid in enumerate((1, 2, 3), start=1):
         assert store.deliver(gid, delivery).payload == b"x" * 10
-    assert store.uncommitted_bytes == 30 and store.queued_bytes == 10
-    store.commit(1)
-    assert store.redeliver_after(1) == 2
-    assert [g.gid for g in store.queue.values()] == [2, 3, 4]
-    assert [g.payload for g in store.queue.values()] == [None, None, b"x" * 10], "redelivered: read from the log"
-    assert store.uncommitted_bytes == 0 and store.queued_bytes == 30
+    assert store.uncommitted_bytes == 30 and store.queued_bytes == 10 and store.unacked == {1, 2, 3}
+    store.acknowledge(1)
+    store.acknowledge(3)
+    store.commit(3)
+    assert list(store.delivered) == [2], "an unacknowledged delivery is never committed"
+    store.give_back([2])
+    assert [g.gid for g in store.queue.values()] == [2, 4]
+    assert [g.payload for g in store.queue.values()] == [None, b"x" * 10], "given back: read from the log"
+    assert store.uncommitted_bytes == 0 and store.queued_bytes == 20 and store.unacked == set()
 
 
 def test_live_segments_count_groups_until_they_are_committed_or_dropped():
     store = ExperienceStore(max_groups=10, max_bytes=1000)
     for gid, segment in ((1, 1), (2, 1), (3, 2), (4, 3)):
         store.add(group(gid, segment=segment))
-    store.deliver(1, 1)
-    store.deliver(2, 2)
+    store.deliver(1, 1, acked=True)
+    store.deliver(2, 2, acked=True)
     store.deliver(3, 3)
     assert store.live_segments == {1: 2, 2: 1, 3: 1}
     store.commit(1)
-    store.redeliver_after(1)
-    assert store.live_segments == {1: 1, 2: 1, 3: 1}, "redelivered groups are still live"
-    store.deliver(2, 4)
+    store.give_back([2, 3])
+    assert store.live_segments == {1: 1, 2: 1, 3: 1}, "groups given back are still live"
+    store.deliver(2, 4, acked=True)
     store.commit(4)
     store.remove(3)
     assert store.live_segments == {3: 1}
@@ -78,10 +81,10 @@ def test_snapshot_restores_queue_and_deliveries_without_bytes():
     for gid in (1, 2, 3):
         store.add(group(gid, segment=gid))
     store.deliver(1, 5)
+    store.deliver(2, 6, acked=True)
     restored = ExperienceStore(max_groups=10, max_bytes=1000)
     restored.restore(store.snapshot(), {3: b"z" * 10})
-    assert [(g.gid, g.location, g.payload) for g in restored.queue.values()] == [
-        (2, Location(2, 200), None), (3, Location(3, 300), b"z" * 10)]
-    assert [(d, g.gid) for d, g in restored.delivered.items()] == [(5, 1)]
-    assert (restored.queued_bytes, restored.uncommitted_bytes, restored.next_gid) == (20, 10, 4)
+    assert [(g.gid, g.location, g.payload) for g in restored.queue.values()] == [(3, Location(3, 300), b"z" * 10)]
+    assert [(d, g.gid) for d, g in restored.delivered.items()] == [(5, 1), (6, 2)] and restored.unacked == {5}
+    assert (restored.queued_bytes, restored.uncommitted_bytes, restored.next_gid) == (10, 20, 4)
     assert restored.live_segments == store.live_segments

@@ -13,6 +13,7 @@ from zerobubble.buffer.client import BufferClient
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import load_config
 from zerobubble.trainer.app import build
+from zerobubble.trainer.collate import unusable
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.v1 import common_pb2
 
@@ -26,11 +27,12 @@ def assets(tmp_path_factory):
     return tiny_assets(tmp_path_factory.mktemp("tiny"), train_size=PROMPTS, eval_size=2)
 
 
-def fill(buffer_address: str) -> None:
-    """Lease every prompt and push a group for each, with mixed rewards so every group has a signal."""
+def fill(buffer_address: str, prompts: int = PROMPTS, poison=None) -> None:
+    """Lease every prompt and push a group for each, with mixed rewards so every group has a signal;
+    `poison(groups)` may spoil some first."""
     rng = np.random.default_rng(0)
     with BufferClient(buffer_address) as client:
-        lease = client.lease("producer", PROMPTS)
+        lease = client.lease("producer", prompts)
         groups = []
         for sequence, prompt in enumerate(lease.prompts):
             group = common_pb2.ExperienceGroup(
@@ -44,6 +46,8 @@ def fill(buffer_address: str) -> None:
                     finish_reason=common_pb2.FINISH_REASON_STOP, reward=float(i % 2), answer_ok=bool(i % 2),
                     format_ok=True, policy_version=0, temperature=0.8)
             groups.append(group)
+        if poison is not None:
+            poison(groups)
         acks = list(client.push(groups))
         assert all(ack.stored for ack in acks)
         client.complete(lease.lease_id)
@@ -60,9 +64,7 @@ def trainer_config(model, buffer_address, run_dir, **overrides) -> TrainerServic
 
 
 def run_trainer(config: TrainerServiceConfig) -> int:
-    host = build(config).start()
-    code = host.run_until_signal()
-    return code
+    return build(config).start().run_until_signal()
 
 
 def rows(run_dir) -> list[dict]:
@@ -101,3 +103,57 @@ def test_trainer_steps_checkpoints_commits_and_resumes_without_losing_a_group(as
         assert buffer.core.stats()["end_of_data"]
     finally:
         buffer.stop(0.5)
+
+
+def test_an_unusable_group_is_skipped_and_nothing_untrained_is_committed(assets, tmp_path):
+    model, train, _ = assets
+    # Six prompts, steps of two groups: the third group is refused, the sixth is left over at the end.
+    six = tmp_path / "six.jsonl"
+    six.write_text("".join(train.read_text().splitlines(keepends=True)[:6]))
+    vocab = AutoModelForCausalLM.from_pretrained(model).config.vocab_size
+
+    def out_of_vocabulary(groups):
+        spoiled = groups[2].trajectories[1]
+        spoiled.response_ids.CopyFrom(encode_array(np.full(3, vocab + 5, dtype=np.int32)))
+        spoiled.behaviour_logprobs.CopyFrom(encode_array(np.full(3, -1.0, dtype=np.float32)))
+
+    # A buffer that is not told the vocabulary size lets the id through: the trainer must skip the group (an
+    # IndexError in the embedding otherwise) and count it.
+    buffer = start_buffer(six, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    run_dir = tmp_path / "run"
+    try:
+        fill(buffer.address, prompts=6, poison=out_of_vocabulary)
+        host = build(trainer_config(model, buffer.address, run_dir)).start()
+        assert host.run_until_signal() == 0
+        assert [r["step"] for r in rows(run_dir)] == [1, 2]
+        assert host.registry.get_sample_value("zerobubble_trainer_groups_refused_total") == 1
+        store = buffer.core.store
+        assert store.committed == 5, "the refused group is passed over, the left-over one never committed"
+        assert list(store.delivered) == [6] and not store.unacked
+    finally:
+        buffer.stop(0.5)
+
+
+def healthy_group() -> common_pb2.ExperienceGroup:
+    group = common_pb2.ExperienceGroup(prompt_ids=encode_array(np.arange(3, 9, dtype=np.int32)))
+    group.trajectories.add(response_ids=encode_array(np.arange(3, 7, dtype=np.int32)),
+                           behaviour_logprobs=encode_array(np.full(4, -1.0, dtype=np.float32)),
+                           reward=1.0, temperature=1.0)
+    return group
+
+
+@pytest.mark.parametrize(("spoil", "field"), [
+    (lambda t: setattr(t, "reward", float("nan")), "trajectories[0].reward"),
+    (lambda t: setattr(t, "reward", float("-inf")), "trajectories[0].reward"),
+    (lambda t: setattr(t, "temperature", 0.0), "trajectories[0].temperature"),
+    (lambda t: t.behaviour_logprobs.CopyFrom(encode_array(np.array([-1, np.nan, -1, -1], dtype=np.float32))),
+     "trajectories[0].behaviour_logprobs"),
+    (lambda t: t.response_ids.CopyFrom(encode_array(np.array([3, 4, 5, -1], dtype=np.int32))),
+     "trajectories[0].response_ids"),
+])
+def test_the_trainer_refuses_what_would_poison_a_step(spoil, field):
+    assert unusable(healthy_group(), vocab_size=16) == ""
+    group = healthy_group()
+    spoil(group.trajectories[0])
+    assert unusable(group, vocab_size=16).startswith(f"{field}:")
+    assert unusable(healthy_group(), vocab_size=8).startswith("prompt_ids:"), "ids at or above the vocabulary"

@@ -1,11 +1,23 @@
 from zerobubble.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class NotStored(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NOT_STORED_UNSPECIFIED: _ClassVar[NotStored]
+    NOT_STORED_DUPLICATE: _ClassVar[NotStored]
+    NOT_STORED_PROMPT_DONE: _ClassVar[NotStored]
+    NOT_STORED_ACCURACY: _ClassVar[NotStored]
+NOT_STORED_UNSPECIFIED: NotStored
+NOT_STORED_DUPLICATE: NotStored
+NOT_STORED_PROMPT_DONE: NotStored
+NOT_STORED_ACCURACY: NotStored
 
 class LeaseRequest(_message.Message):
     __slots__ = ("worker_id", "count")
@@ -46,34 +58,34 @@ class CompleteLeaseReply(_message.Message):
     def __init__(self) -> None: ...
 
 class PushAck(_message.Message):
-    __slots__ = ("producer_id", "sequence", "stored", "filtered", "code", "error")
+    __slots__ = ("producer_id", "sequence", "stored", "filtered", "code", "error", "not_stored")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
     FILTERED_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    NOT_STORED_FIELD_NUMBER: _ClassVar[int]
     producer_id: str
     sequence: int
     stored: bool
     filtered: str
     code: int
     error: str
-    def __init__(self, producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., stored: _Optional[bool] = ..., filtered: _Optional[str] = ..., code: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    not_stored: NotStored
+    def __init__(self, producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., stored: _Optional[bool] = ..., filtered: _Optional[str] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., not_stored: _Optional[_Union[NotStored, str]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("rank", "world_size", "max_groups", "wait_seconds", "trainer_id")
+    __slots__ = ("rank", "world_size", "max_groups", "wait_seconds")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
     rank: int
     world_size: int
     max_groups: int
     wait_seconds: float
-    trainer_id: str
-    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., max_groups: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., trainer_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., max_groups: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class PulledGroup(_message.Message):
     __slots__ = ("group", "delivery", "end_of_data")
@@ -85,17 +97,25 @@ class PulledGroup(_message.Message):
     end_of_data: bool
     def __init__(self, group: _Optional[_Union[_common_pb2.ExperienceGroup, _Mapping]] = ..., delivery: _Optional[int] = ..., end_of_data: _Optional[bool] = ...) -> None: ...
 
+class AcknowledgeRequest(_message.Message):
+    __slots__ = ("deliveries",)
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, deliveries: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AcknowledgeReply(_message.Message):
+    __slots__ = ("refused",)
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    refused: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, refused: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class CommitRequest(_message.Message):
-    __slots__ = ("trainer_id", "delivery", "step", "resume")
-    TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("delivery", "resume")
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
-    STEP_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
-    trainer_id: str
     delivery: int
-    step: int
     resume: bool
-    def __init__(self, trainer_id: _Optional[str] = ..., delivery: _Optional[int] = ..., step: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
+    def __init__(self, delivery: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class CommitReply(_message.Message):
     __slots__ = ()
@@ -116,7 +136,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsReply(_message.Message):
-    __slots__ = ("queued_groups", "queued_bytes", "groups_in", "groups_out", "filtered", "stale_dropped", "lease_expirations", "epoch", "policy_version", "end_of_data")
+    __slots__ = ("queued_groups", "queued_bytes", "groups_in", "groups_out", "filtered", "stale_dropped", "lease_expirations", "epoch", "policy_version", "end_of_data", "unacknowledged", "returned")
     QUEUED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_BYTES_FIELD_NUMBER: _ClassVar[int]
     GROUPS_IN_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +147,8 @@ class StatsReply(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     END_OF_DATA_FIELD_NUMBER: _ClassVar[int]
+    UNACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
+    RETURNED_FIELD_NUMBER: _ClassVar[int]
     queued_groups: int
     queued_bytes: int
     groups_in: int
@@ -137,4 +159,6 @@ class StatsReply(_message.Message):
     epoch: int
     policy_version: int
     end_of_data: bool
-    def __init__(self, queued_groups: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., groups_in: _Optional[int] = ..., groups_out: _Optional[int] = ..., filtered: _Optional[int] = ..., stale_dropped: _Optional[int] = ..., lease_expirations: _Optional[int] = ..., epoch: _Optional[int] = ..., policy_version: _Optional[int] = ..., end_of_data: _Optional[bool] = ...) -> None: ...
+    unacknowledged: int
+    returned: int
+    def __init__(self, queued_groups: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., groups_in: _Optional[int] = ..., groups_out: _Optional[int] = ..., filtered: _Optional[int] = ..., stale_dropped: _Optional[int] = ..., lease_expirations: _Optional[int] = ..., epoch: _Optional[int] = ..., policy_version: _Optional[int] = ..., end_of_data: _Optional[bool] = ..., unacknowledged: _Optional[int] = ..., returned: _Optional[int] = ...) -> None: ...

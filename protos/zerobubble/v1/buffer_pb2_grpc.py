@@ -56,6 +56,11 @@ class BufferServiceStub:
                 request_serializer=zerobubble_dot_v1_dot_buffer__pb2.PullRequest.SerializeToString,
                 response_deserializer=zerobubble_dot_v1_dot_buffer__pb2.PulledGroup.FromString,
                 _registered_method=True)
+        self.Acknowledge = channel.unary_unary(
+                '/zerobubble.v1.BufferService/Acknowledge',
+                request_serializer=zerobubble_dot_v1_dot_buffer__pb2.AcknowledgeRequest.SerializeToString,
+                response_deserializer=zerobubble_dot_v1_dot_buffer__pb2.AcknowledgeReply.FromString,
+                _registered_method=True)
         self.Commit = channel.unary_unary(
                 '/zerobubble.v1.BufferService/Commit',
                 request_serializer=zerobubble_dot_v1_dot_buffer__pb2.CommitRequest.SerializeToString,
@@ -91,7 +96,8 @@ class BufferServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PushExperience(self, request_iterator, context):
-        """One ack per group, in order; a retried (producer_id, sequence) is acknowledged but stored once.
+        """One ack per group, in order; a retried (producer_id, producer_incarnation, sequence) is acknowledged
+        but stored once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -99,13 +105,23 @@ class BufferServiceServicer:
 
     def PullBatch(self, request, context):
         """Streams up to `max_groups` groups to one data-parallel rank; each group goes to exactly one rank.
+        A group sent is the receiver's only once it acknowledges it (Acknowledge): until then it may be
+        lost on the way, and it goes back to the head of the queue `pull.ack_timeout_seconds` after its
+        stream ends (and at once when the buffer restarts or the trainer resumes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Acknowledge(self, request, context):
+        """Claims groups received from PullBatch; a group to train on must be acknowledged first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Commit(self, request, context):
-        """The trainer has durably consumed everything delivered up to this point (after its checkpoint).
+        """The trainer has durably consumed every acknowledged delivery up to this point (after its checkpoint).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -145,6 +161,11 @@ def add_BufferServiceServicer_to_server(servicer, server):
                     servicer.PullBatch,
                     request_deserializer=zerobubble_dot_v1_dot_buffer__pb2.PullRequest.FromString,
                     response_serializer=zerobubble_dot_v1_dot_buffer__pb2.PulledGroup.SerializeToString,
+            ),
+            'Acknowledge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Acknowledge,
+                    request_deserializer=zerobubble_dot_v1_dot_buffer__pb2.AcknowledgeRequest.FromString,
+                    response_serializer=zerobubble_dot_v1_dot_buffer__pb2.AcknowledgeReply.SerializeToString,
             ),
             'Commit': grpc.unary_unary_rpc_method_handler(
                     servicer.Commit,
@@ -271,6 +292,33 @@ class BufferService:
             '/zerobubble.v1.BufferService/PullBatch',
             zerobubble_dot_v1_dot_buffer__pb2.PullRequest.SerializeToString,
             zerobubble_dot_v1_dot_buffer__pb2.PulledGroup.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Acknowledge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zerobubble.v1.BufferService/Acknowledge',
+            zerobubble_dot_v1_dot_buffer__pb2.AcknowledgeRequest.SerializeToString,
+            zerobubble_dot_v1_dot_buffer__pb2.AcknowledgeReply.FromString,
             options,
             channel_credentials,
             insecure,

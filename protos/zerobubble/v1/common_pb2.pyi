@@ -96,17 +96,19 @@ class Trajectory(_message.Message):
     def __init__(self, response_ids: _Optional[_Union[Array, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[Array, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., format_ok: _Optional[bool] = ..., answer_ok: _Optional[bool] = ..., policy_version: _Optional[int] = ..., temperature: _Optional[float] = ..., response_text: _Optional[str] = ...) -> None: ...
 
 class ExperienceGroup(_message.Message):
-    __slots__ = ("prompt", "prompt_ids", "trajectories", "producer_id", "sequence", "lease_id")
+    __slots__ = ("prompt", "prompt_ids", "trajectories", "producer_id", "sequence", "lease_id", "producer_incarnation")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     prompt: Prompt
     prompt_ids: Array
     trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
     producer_id: str
     sequence: int
     lease_id: str
-    def __init__(self, prompt: _Optional[_Union[Prompt, _Mapping]] = ..., prompt_ids: _Optional[_Union[Array, _Mapping]] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., lease_id: _Optional[str] = ...) -> None: ...
+    producer_incarnation: str
+    def __init__(self, prompt: _Optional[_Union[Prompt, _Mapping]] = ..., prompt_ids: _Optional[_Union[Array, _Mapping]] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., lease_id: _Optional[str] = ..., producer_incarnation: _Optional[str] = ...) -> None: ...
