@@ -90,12 +90,17 @@ class ServiceProcess:
         kilobytes = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))
         return int(kilobytes) * 1024
 
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+    def terminate(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within `grace_s` (how it shuts down is not fuzzed here)."""
+        if self.process is None:
             return
-        self.process.terminate()
+        self.terminate()
         try:
-            self.process.wait(30)
+            self.process.wait(grace_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -172,6 +177,8 @@ class Deployment:
     def close(self) -> None:
         for _, channel in self._channels.values():
             channel.close()
+        for process in self.processes.values():
+            process.terminate()
         for process in self.processes.values():
             process.stop()
 

@@ -133,8 +133,9 @@ def _answer(headers: dict[str, str], ended: str) -> RawAnswer:
 
 
 def bytes_call(channel: grpc.Channel, path: str, body: bytes, *, client_streaming: bool, server_streaming: bool,
-               timeout: float) -> grpc.StatusCode:
-    """Send `body` as the request message of any RPC (a one-message stream to a streaming one), unparsed."""
+               timeout: float) -> tuple[grpc.StatusCode, str]:
+    """Send `body` as the request message of any RPC (a one-message stream to a streaming one), unparsed; the
+    status and its message."""
     kind = {(False, False): channel.unary_unary, (False, True): channel.unary_stream,
             (True, False): channel.stream_unary, (True, True): channel.stream_stream}
     method = kind[client_streaming, server_streaming](path)
@@ -144,5 +145,5 @@ def bytes_call(channel: grpc.Channel, path: str, body: bytes, *, client_streamin
             for _ in answer:
                 pass
     except grpc.RpcError as exc:
-        return exc.code()
-    return grpc.StatusCode.OK
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
