@@ -81,7 +81,8 @@ def _bench_transport(args) -> dict:
 # Each area adds its own subcommands here: a module with `register(subparsers)` (and, for benchmarks,
 # `register_bench(bench_subparsers)` whose parsers set `measure` to a function returning the figures).
 COMMAND_MODULES = ("zerobubble.tiny.commands", "zerobubble.launcher.commands", "zerobubble.runs.plot")
-BENCH_MODULES = ("zerobubble.trainer.bench_weights", "zerobubble.rollout.bench", "zerobubble.launcher.bench_pipeline")
+BENCH_MODULES = ("zerobubble.trainer.bench_weights", "zerobubble.rollout.bench", "zerobubble.launcher.bench_pipeline",
+                 "zerobubble.fuzz.bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ bodies that are not protobuf messages, and connections that open and say nothing
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -33,6 +34,11 @@ def _held_open(first: Message, release: threading.Event) -> Iterator[Message]:
     release.wait()
 
 
+def _first_reply(answer) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        next(answer, None)
+
+
 def _cancel_after_first_reply(deployment: Deployment, rpc: Rpc, request, settle_s: float = 0.5) -> str | None:
     """Start the call, read at most one reply, cancel; the status name when it was not the cancellation."""
     channel = deployment.channel(rpc.service)
@@ -40,7 +46,7 @@ def _cancel_after_first_reply(deployment: Deployment, rpc: Rpc, request, settle_
     kind = channel.stream_stream if rpc.streams_requests else channel.unary_stream
     method = kind(rpc.path, request_serializer=type(request).SerializeToString)
     answer = method(_held_open(request, release) if rpc.streams_requests else request, timeout=rpc.deadline_s)
-    reader = threading.Thread(target=lambda: next(answer, None), daemon=True)
+    reader = threading.Thread(target=_first_reply, args=(answer,), daemon=True)
     try:
         reader.start()
         reader.join(settle_s)
