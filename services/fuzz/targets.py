@@ -54,7 +54,6 @@ class ServiceProcess:
         self.config_path.write_text(yaml.safe_dump(config))
         self.process: subprocess.Popen | None = None
         self.address = ""
-        self.starts = 0
 
     def launch(self) -> ServiceProcess:
         """Start the process; `ready()` waits until it serves."""
@@ -76,7 +75,6 @@ class ServiceProcess:
             self.stop()
             raise RuntimeError(f"{self.name} did not start; its log:\n{self.log_tail()}")
         self.address = json.loads(line)["address"]
-        self.starts += 1
         return self
 
     def alive(self) -> bool:
