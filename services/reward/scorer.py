@@ -126,15 +126,18 @@ class RewardScorer:
         self._admit(1)
         return self._submit(item).result()
 
-    def score_batch(self, items: list[ScoreItem]) -> list[Score]:
-        """All items are validated before any is accepted, so a bad item refuses the whole batch."""
+    def start_batch(self, items: list[ScoreItem]) -> list[Future]:
+        """Validate, admit and start every item without waiting for any; a caller on an event loop awaits
+        the futures. All items are validated before any is accepted, so a bad item refuses the whole batch."""
         if len(items) > self.config.limits.max_batch_items:
             raise TooLarge(f"{len(items)} items exceed limits.max_batch_items", field="items")
         for index, item in enumerate(items):
             self.validate(item, where=f"items[{index}].")
         self._admit(len(items))
-        futures = [self._submit(item) for item in items]
-        return [future.result() for future in futures]
+        return [self._submit(item) for item in items]
+
+    def score_batch(self, items: list[ScoreItem]) -> list[Score]:
+        return [future.result() for future in self.start_batch(items)]
 
     def score_stream(self, items: Iterable[ScoreItem], window: int) -> Iterator[Score]:
         """Scores as they finish. At most `window` items of this stream are in progress, so a fast
