@@ -13,7 +13,8 @@ from math_verify import parse, verify
 from zerobubble.reward.client import score_request
 from zerobubble.reward.extraction import extract_boxed, final_boxes
 
-CASES = [json.loads(line) for line in (Path(__file__).parent / "math_verify_boxed_cases.jsonl").read_text().splitlines()]
+CASES_FILE = Path(__file__).parent / "math_verify_boxed_cases.jsonl"
+CASES = [json.loads(line) for line in CASES_FILE.read_text().splitlines()]
 
 
 @pytest.mark.parametrize(
