@@ -40,6 +40,17 @@ def _expected(text: str, gold: str) -> float:
     return float(answer is not None and judge(gold, answer)[0])
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # On a shared machine one intra-op thread is many times faster than spinning on busy cores.
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory):
     from zerobubble.tiny.model import make_tiny_model
