@@ -21,6 +21,7 @@ test: lint compose-tool
 	$(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-colossalai
+	$(MAKE) --no-print-directory test-trl
 
 # The tiny CPU demo: every service its own process on loopback, a live progress line, a run folder in runs/demo.
 demo: install
@@ -83,4 +84,25 @@ test-colossalai:
 		ZEROBUBBLE_REQUIRE_COLOSSALAI=1 $(COLOSSALAI_VENV)/bin/pytest -q tests/trainer/test_strategy_colossalai.py; \
 	else \
 		echo "test-colossalai: SKIPPED: $(COLOSSALAI_VENV) could not be built (colossalai==0.5.0 without its dependencies, see deploy/colossalai/)"; \
+	fi
+
+# TRL's environment, for the test of the TRL reward adapter: a GRPOTrainer scored by a running reward service.
+# trl brings datasets, pyarrow and pandas, which the project does not need, so it stays apart from $(VENV) (deploy/trl/).
+TRL_VENV ?= .venv-trl
+TRL_STAMP := $(TRL_VENV)/.installed-stamp
+
+.PHONY: trl-env test-trl
+
+$(TRL_STAMP): deploy/trl/requirements.txt deploy/trl/build-env.sh pyproject.toml
+	deploy/trl/build-env.sh $(TRL_VENV)
+
+trl-env: $(TRL_STAMP)
+
+# The adapter's test with trl importable; ZEROBUBBLE_REQUIRE_TRL turns its skip into a failure.
+# Where the environment cannot be built, says why and passes.
+test-trl:
+	@if $(MAKE) --no-print-directory trl-env; then \
+		ZEROBUBBLE_REQUIRE_TRL=1 $(TRL_VENV)/bin/pytest -q tests/reward/test_adapter_trl.py; \
+	else \
+		echo "test-trl: SKIPPED: $(TRL_VENV) could not be built (trl==1.16.0, see deploy/trl/)"; \
 	fi

@@ -6,6 +6,7 @@ import logging
 
 from zerobubble.common.server import ServiceHost
 from zerobubble.reward.config import RewardServiceConfig
+from zerobubble.reward.http_server import RewardHttp
 from zerobubble.reward.math_pool import MathVerifierPool
 from zerobubble.reward.metrics import RewardMetrics
 from zerobubble.reward.sandbox import CodeSandbox
@@ -45,12 +46,22 @@ class RewardHost(ServiceHost):
         window = 2 * (config.math.workers + config.sandbox.slots)
         self.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, RewardServicer(self.scorer, window),
                       "zerobubble.v1.RewardService")
+        self.http = RewardHttp(config, self.scorer, self.registry) if config.http.listen else None
 
     def start(self) -> RewardHost:
         self.pool.wait_ready()
-        return super().start()
+        super().start()
+        if self.http is not None:
+            try:
+                self.http.start()
+            except BaseException:
+                self.stop(grace=0)
+                raise
+        return self
 
     def stop(self, grace: float | None = None) -> None:
+        if self.http is not None:
+            self.http.stop()
         super().stop(grace)
         self.scorer.close()
         self.pool.close()

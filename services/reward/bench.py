@@ -91,6 +91,9 @@ def bench_reward(items: int = 400, programs: int = 40) -> dict:
         "python": python,
         "code_vs_bare_spawn_ratio": round(code / spawn, 3),
     }
+    from zerobubble.reward.bench_http import bench_http_vs_grpc  # it reuses _MATH from here
+
+    figures.update(bench_http_vs_grpc(items))
     for name, value in figures.items():
         print(f"{name:>32}: {value}")
     return figures

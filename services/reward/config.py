@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from zerobubble.common.config import Schema, ServerConfig
 
@@ -56,12 +56,29 @@ class LimitsConfig(Schema):
                                    "this new work is refused with RESOURCE_EXHAUSTED")
 
 
+class HttpConfig(Schema):
+    """HTTP/JSON beside gRPC, for tools that speak only HTTP: it shares the scorer, its limits, the bearer
+    token, TLS and the metrics of `server`."""
+
+    listen: str | None = Field(None, description="HOST:PORT of the HTTP endpoints (POST /v1/score, OpenRLHF's "
+                               "/get_reward, slime's /reward, GET /healthz); null: no HTTP")
+    verifier: str = Field("boxed", description="verifier of /get_reward and /reward when the URL does not name "
+                          "one with ?verifier=")
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        # The rule of server.listen, so both listeners take the same addresses.
+        return value if value is None else ServerConfig._host_port(value)
+
+
 class RewardServiceConfig(Schema):
     server: ServerConfig = ServerConfig(listen="127.0.0.1:50052")
     rewards: RewardValues = RewardValues()
     math: MathConfig = Field(default_factory=MathConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     limits: LimitsConfig = LimitsConfig()
+    http: HttpConfig = HttpConfig()
 
     @model_validator(mode="after")
     def _rewards_ordered(self) -> RewardServiceConfig:

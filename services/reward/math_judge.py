@@ -17,6 +17,7 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 # An unescaped $, \( or \[, or a \boxed: the text says itself where its math is.
 _DELIMITED = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed")
+_BOXED = re.compile(r"\\(?:boxed|fbox)\b")
 
 
 def _delimited(text: str) -> bool:
@@ -46,10 +47,15 @@ def judge(gold: str, answer: str) -> tuple[bool, str]:
     if not gold_parsed:
         return False, "parse_error"
     # Read bare, "4\\sqrt{2}" would yield only its first number, so the answer is read as a boxed
-    # expression, then as inline LaTeX; one with its own delimiters (e.g. "$\\boxed{2,3}$" inside
-    # <answer> tags) is first read as written.
-    readings = [answer] if _delimited(answer) else []
-    readings += [f"\\boxed{{{answer}}}"] + ([] if readings else [f"${answer}$"])
+    # expression, then as inline LaTeX; one with its own delimiters (e.g. "$2,3$" inside <answer> tags)
+    # is first read as written. One with boxes of its own ("\\boxed{1}, \\boxed{-2}") is read only as
+    # written: boxed again, math_verify would read its last box alone.
+    if _BOXED.search(answer):
+        readings = [answer]
+    elif _delimited(answer):
+        readings = [answer, f"\\boxed{{{answer}}}"]
+    else:
+        readings = [f"\\boxed{{{answer}}}", f"${answer}$"]
     answer_has_math = False
     for reading in readings:
         predicted = parse(reading, parsing_timeout=None)
