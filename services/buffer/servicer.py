@@ -23,6 +23,7 @@ from zerobubble.buffer.core import Buffer, PreparedGroup, Pulled, PushOutcome
 from zerobubble.buffer.filters import not_stored_label
 from zerobubble.buffer.metrics import BufferMetrics
 from zerobubble.buffer.read_ahead import read_ahead
+from zerobubble.common.codec import varint
 from zerobubble.common.errors import InvalidInput, ServiceError
 from zerobubble.common.status import status_of, translate_errors
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
@@ -47,21 +48,12 @@ class WireGroup:
             return cls(payload, None)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def pulled_group_bytes(item: Pulled) -> bytes:
     """A serialized PulledGroup around the stored group bytes (protobuf fields may come in any order)."""
     if item.payload is None:
         return buffer_pb2.PulledGroup(end_of_data=True).SerializeToString()
     head = buffer_pb2.PulledGroup(delivery=item.delivery).SerializeToString()
-    return b"".join([head, GROUP_TAG, _varint(len(item.payload)), item.payload])
+    return b"".join([head, GROUP_TAG, varint(len(item.payload)), item.payload])
 
 
 class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):

@@ -101,3 +101,13 @@ def to_torch(msg: common_pb2.Array, field: str, **expect: Any):
     if msg.dtype == common_pb2.DTYPE_BFLOAT16:
         tensor = tensor.view(torch.bfloat16)
     return tensor
+
+
+def varint(value: int) -> bytes:
+    """A non-negative integer as a protobuf base-128 varint (for messages assembled around raw bytes)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 from hypothesis import strategies as st
 
+from zerobubble.common.codec import varint
 from zerobubble.v1 import common_pb2
 
 INT32 = (-(2**31), 2**31 - 1)
@@ -228,28 +229,19 @@ def _random_bytes(seed: int, size: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def unknown_fields(descriptor: Descriptor) -> st.SearchStrategy[bytes]:
     """Well-formed wire fields with numbers the message does not declare, of every wire type."""
     known = {field.number for field in descriptor.fields}
     numbers = (st.integers(1, 32) | st.integers(20_000, 2**29 - 1)).filter(lambda number: number not in known)
     payloads = st.one_of(
-        st.integers(0, 2**64 - 1).map(lambda v: (0, _varint(v))),
+        st.integers(0, 2**64 - 1).map(lambda v: (0, varint(v))),
         st.binary(min_size=8, max_size=8).map(lambda b: (1, b)),
-        st.binary(max_size=64).map(lambda b: (2, _varint(len(b)) + b)),
+        st.binary(max_size=64).map(lambda b: (2, varint(len(b)) + b)),
         st.binary(min_size=4, max_size=4).map(lambda b: (5, b)),
     )
 
     def encode(fields: list[tuple[int, tuple[int, bytes]]]) -> bytes:
-        return b"".join(_varint(number << 3 | wire) + payload for number, (wire, payload) in fields)
+        return b"".join(varint(number << 3 | wire) + payload for number, (wire, payload) in fields)
 
     return st.lists(st.tuples(numbers, payloads), min_size=1, max_size=4).map(encode)
 
