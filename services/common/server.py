@@ -295,13 +295,16 @@ class ServiceHost:
             return
         self._stopped.set()
         grace = self.config.grace_seconds if grace is None else grace
+        # The metrics server takes up to half a second to stop: meanwhile, not after the grace.
+        metrics_closing = threading.Thread(target=self._close_metrics, name=f"{self.name}-metrics-stop")
+        metrics_closing.start()
         if self._server is not None:
             self._call(self._stop(grace))
             self._close_grpc_loop()
         # Sync handlers still blocked in a core call hold their threads until the core lets go
         # (services close their cores after this); no new work is taken.
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._close_metrics()
+        metrics_closing.join()
         log.info("%s stopped", self.name)
 
     def _close_metrics(self) -> None:
