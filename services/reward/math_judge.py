@@ -12,12 +12,13 @@ import re
 
 from math_verify import parse, verify
 
+from zerobubble.reward.extraction import final_boxes
+
 # math_verify warns on every call that its own timeouts are off; the pool enforces them instead.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 # An unescaped $, \( or \[, or a \boxed: the text says itself where its math is.
 _DELIMITED = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed")
-_BOXED = re.compile(r"\\(?:boxed|fbox)\b")
 
 
 def _delimited(text: str) -> bool:
@@ -50,7 +51,7 @@ def judge(gold: str, answer: str) -> tuple[bool, str]:
     # expression, then as inline LaTeX; one with its own delimiters (e.g. "$2,3$" inside <answer> tags)
     # is first read as written. One with boxes of its own ("\\boxed{1}, \\boxed{-2}") is read only as
     # written: boxed again, math_verify would read its last box alone.
-    if _BOXED.search(answer):
+    if final_boxes(answer):
         readings = [answer]
     elif _delimited(answer):
         readings = [answer, f"\\boxed{{{answer}}}"]
