@@ -78,7 +78,7 @@ class RewardHttp:
         self.port: int | None = None
         self._requests = Counter("zerobubble_reward_http_requests", "HTTP requests, by path and status",
                                  ["path", "status"], registry=registry)
-        token = config.server.auth_token
+        token = config.server.bearer_token()
         self._expected = f"Bearer {token}".encode() if token else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -166,8 +166,12 @@ def pki(tmp_path_factory):
 @pytest.fixture(scope="module")
 def guarded(pki):
     cert, key = pki
-    with serve_reward("https", **{"server.auth_token": TOKEN, "server.tls.cert": cert, "server.tls.key": key,
-                                  "server.max_message_bytes": 65536, "limits.max_response_chars": 1000,
+    # The token comes from a file, as shipped configs give it: HTTP must read it where gRPC does.
+    token_file = pki[0].parent / "token"
+    token_file.write_text(TOKEN + "\n")
+    with serve_reward("https", **{"server.auth_token_file": token_file, "server.tls.cert": cert,
+                                  "server.tls.key": key,
+                                  "server.max_message_bytes": 65536, "limits.max_response_bytes": 1000,
                                   "limits.max_pending_items": 2}) as served:
         yield served
 
