@@ -82,6 +82,117 @@ class BearerTokenCheck(grpc.aio.ServerInterceptor):
         return _with_behavior(handler, deny)
 
 
+class _Undecodable:
+    """Stands for a request whose bytes are no message of its method's type."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # DecodeError, and UnicodeDecodeError for a string field that is not UTF-8
+            return _Undecodable(f"{type(exc).__name__}: {exc}"[:200])
+
+    return parse
+
+
+class UndecodableRequests(grpc.aio.ServerInterceptor):
+    """Bytes that do not parse as the method's request are the caller's error, INVALID_ARGUMENT naming
+    `request`; grpc itself answers INTERNAL ("Exception deserializing request!") before any handler runs.
+    The method keeps its kind (sync or async, streaming or not) so the interceptors around it still see it."""
+
+    def __init__(self):
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method
+        if method not in self._wrapped:
+            behavior = next(b for b in (handler.unary_unary, handler.unary_stream, handler.stream_unary,
+                                        handler.stream_stream) if b is not None)
+            wrapped = _refusing_undecodable(behavior, handler.request_streaming, method.rpartition("/")[2])
+            self._wrapped[method] = _HANDLER_KINDS[handler.request_streaming, handler.response_streaming](
+                wrapped, request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer)
+        return self._wrapped[method]
+
+
+def _refusing_undecodable(behavior: Callable, request_streaming: bool, name: str) -> Callable:
+    def message(bad: _Undecodable) -> str:
+        return f"request: not a valid {name} request message ({bad.reason})"
+
+    if request_streaming:
+        if inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior):
+            async def checked_async(requests, context):
+                async for request in requests:
+                    if isinstance(request, _Undecodable):
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message(request))
+                    yield request
+
+            if inspect.isasyncgenfunction(behavior):
+                async def async_stream_of_stream(requests, context):
+                    async for reply in behavior(checked_async(requests, context), context):
+                        yield reply
+
+                return async_stream_of_stream
+
+            async def async_unary_of_stream(requests, context):
+                return await behavior(checked_async(requests, context), context)
+
+            return async_unary_of_stream
+
+        def checked(requests, context):
+            for request in requests:
+                if isinstance(request, _Undecodable):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, message(request))
+                yield request
+
+        if inspect.isgeneratorfunction(behavior):
+            def stream_of_stream(requests, context):
+                yield from behavior(checked(requests, context), context)
+
+            return stream_of_stream
+
+        def unary_of_stream(requests, context):
+            return behavior(checked(requests, context), context)
+
+        return unary_of_stream
+    if inspect.isasyncgenfunction(behavior):
+        async def async_stream(request, context):
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message(request))
+            async for reply in behavior(request, context):
+                yield reply
+
+        return async_stream
+    if inspect.iscoroutinefunction(behavior):
+        async def async_unary(request, context):
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message(request))
+            return await behavior(request, context)
+
+        return async_unary
+    if inspect.isgeneratorfunction(behavior):
+        def sync_stream(request, context):
+            if isinstance(request, _Undecodable):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, message(request))
+            yield from behavior(request, context)
+
+        return sync_stream
+
+    def sync_unary(request, context):
+        if isinstance(request, _Undecodable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, message(request))
+        return behavior(request, context)
+
+    return sync_unary
+
+
 class ThreadedContext:
     """What a sync handler saw of its call on the thread-per-call server: `is_active()`,
     `add_callback()` and a blocking `abort()`; the aio context's other plain methods pass through."""
@@ -260,7 +371,7 @@ class ServiceHost:
         interceptors = [BearerTokenCheck(self._token)] if self._token else []
         self._server = grpc.aio.server(
             migration_thread_pool=self._pool,
-            interceptors=[*interceptors, ThreadedStreams(self._pool)],
+            interceptors=[*interceptors, ThreadedStreams(self._pool), UndecodableRequests()],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
