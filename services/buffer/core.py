@@ -97,9 +97,7 @@ class Buffer:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.config = config
-        self.source = source or PromptSource.load(
-            config.prompts.path, seed=config.prompts.seed, shuffle=config.prompts.shuffle
-        )
+        self.source = source or PromptSource.from_config(config.prompts)
         self.clock = clock
         self._cond = threading.Condition()
         self.leases = PromptLeases(

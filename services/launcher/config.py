@@ -43,8 +43,10 @@ class UpConfig(Schema):
     run_dir: Path = Field(Path("runs/demo"), description="everything the run writes")
     model: Path | None = Field(None, description="an HF model folder; null: make the tiny model (cached)")
     tiny_model: TinyModel = TinyModel()
-    train_data: Path | None = Field(None, description="training JSONL; null: make the arithmetic task")
-    eval_data: Path | None = Field(None, description="held-out JSONL; null: the arithmetic task's")
+    train_data: Path | None = Field(None, description="training data (JSONL, JSON, parquet or a datasets folder; "
+                                    "buffer.prompts sets its split and columns); null: make the arithmetic task")
+    eval_data: Path | None = Field(None, description="held-out data, read with the training data's columns; null: "
+                                   "the arithmetic task's")
     task: ArithmeticTask = ArithmeticTask()
     pipeline: PipelineConfig = PipelineConfig()
     startup_timeout_seconds: float = Field(300.0, gt=0)
