@@ -104,11 +104,13 @@ class BadRow(ValueError):
     """One row that cannot be used; the message names the field."""
 
 
-def _lookup(row: dict, key: str) -> Any:
-    if key in row:
-        return row[key]
-    value: Any = row
-    for part in key.split("."):
+def _lookup(row: dict, key: str, parts: tuple[str, ...]) -> Any:
+    """row[key], or for a dotted key the nested field (a key that itself holds the dot wins)."""
+    value = row.get(key)
+    if value is not None or len(parts) == 1:
+        return value
+    value = row
+    for part in parts:
         if not isinstance(value, dict):
             return None
         value = value.get(part)
@@ -162,8 +164,8 @@ class RowReader:
     """Turns one row of any recognised layout into (id, messages JSON, answer, tests JSON, data source)."""
 
     def __init__(self, columns: Columns, field: str):
-        def keys(chosen: str | None, defaults: tuple[str, ...]) -> tuple[str, ...]:
-            return defaults if chosen is None else (chosen,)
+        def keys(chosen: str | None, defaults: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+            return tuple((key, tuple(key.split("."))) for key in (defaults if chosen is None else (chosen,)))
 
         self.prompt_keys = keys(columns.prompt_key, PROMPT_KEYS)
         self.answer_keys = keys(columns.answer_key, ANSWER_KEYS)
@@ -173,12 +175,16 @@ class RowReader:
         self.field = field
 
     @staticmethod
-    def _first(row: dict, keys: tuple[str, ...]) -> tuple[str, Any]:
-        for key in keys:
-            value = _lookup(row, key)
+    def _first(row: dict, keys: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, Any]:
+        for key, parts in keys:
+            value = _lookup(row, key, parts)
             if value is not None:
                 return key, value
-        return keys[0], None
+        return keys[0][0], None
+
+    @staticmethod
+    def _names(keys: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+        return " or ".join(key for key, _ in keys)
 
     def read(self, row: Any, default_id: int) -> tuple[str, str, str | None, str | None, str | None]:
         if not isinstance(row, dict):
@@ -188,7 +194,7 @@ class RowReader:
             raise BadRow("id: expected a non-empty string or an integer")
         key, prompt = self._first(row, self.prompt_keys)
         if prompt is None:
-            raise BadRow(f"no prompt: expected {' or '.join(self.prompt_keys)} (or name the column in "
+            raise BadRow(f"no prompt: expected {self._names(self.prompt_keys)} (or name the column in "
                          f"{self.field}.columns.prompt_key)")
         messages = _messages(prompt, key)
         if self.system_prompt and not any(m["role"] == "system" for m in messages):
@@ -198,8 +204,8 @@ class RowReader:
         if answer is not None and tests is not None:
             raise BadRow(f"expected exactly one of {answer_key} (math) and {tests_key} (code)")
         if answer is None and tests is None:
-            raise BadRow(f"no ground truth: expected {' or '.join(self.answer_keys)} (math) or "
-                         f"{' or '.join(self.test_keys)} (code) (or name the column in {self.field}.columns)")
+            raise BadRow(f"no ground truth: expected {self._names(self.answer_keys)} (math) or "
+                         f"{self._names(self.test_keys)} (code) (or name the column in {self.field}.columns)")
         if answer is not None and (not isinstance(answer, str | int | float) or isinstance(answer, bool)):
             raise BadRow(f"{answer_key}: expected a string or a number")
         source_key, source = self._first(row, self.source_keys)
