@@ -41,6 +41,8 @@ BATCH_ROWS = 4096
 REPORTED_BAD_ROWS = 20
 # namespace/name without a file suffix: what a hub id looks like, as opposed to a mistyped local path.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# One encoder for every row: json.dumps with options builds a new one per call.
+_to_json = json.JSONEncoder(ensure_ascii=False).encode
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
 
 
@@ -104,12 +106,8 @@ class BadRow(ValueError):
     """One row that cannot be used; the message names the field."""
 
 
-def _lookup(row: dict, key: str, parts: tuple[str, ...]) -> Any:
-    """row[key], or for a dotted key the nested field (a key that itself holds the dot wins)."""
-    value = row.get(key)
-    if value is not None or len(parts) == 1:
-        return value
-    value = row
+def _nested(row: dict, parts: tuple[str, ...]) -> Any:
+    value: Any = row
     for part in parts:
         if not isinstance(value, dict):
             return None
@@ -157,7 +155,7 @@ def _test_cases(value: Any, field: str) -> str:
     if len(inputs) != len(outputs) or not inputs:
         raise BadRow(f"{field}: expected as many outputs as inputs (at least one), got {len(inputs)} inputs and "
                      f"{len(outputs)} outputs")
-    return json.dumps({"inputs": inputs, "outputs": outputs}, ensure_ascii=False)
+    return _to_json({"inputs": inputs, "outputs": outputs})
 
 
 class RowReader:
@@ -177,7 +175,10 @@ class RowReader:
     @staticmethod
     def _first(row: dict, keys: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, Any]:
         for key, parts in keys:
-            value = _lookup(row, key, parts)
+            # A key that itself holds a dot wins over the nested field it also names.
+            value = row.get(key)
+            if value is None and len(parts) > 1:
+                value = _nested(row, parts)
             if value is not None:
                 return key, value
         return keys[0][0], None
@@ -211,7 +212,7 @@ class RowReader:
         source_key, source = self._first(row, self.source_keys)
         if source is not None and not isinstance(source, str):
             raise BadRow(f"{source_key}: expected a string")
-        return (str(raw_id), json.dumps(messages, ensure_ascii=False),
+        return (str(raw_id), _to_json(messages),
                 None if answer is None else str(answer),
                 None if tests is None else _test_cases(tests, tests_key), source)
 
