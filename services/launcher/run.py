@@ -71,6 +71,8 @@ class Run:
             "server": SERVER, "model": assets.model, "run_dir": self.run_dir / "trainer",
             "resume": self.resume, "batch": {"max_new_tokens": pipeline.max_new_tokens},
             "torch_threads": pipeline.torch_threads,
+            # Where the rollout's evaluations land, for the trainer's dashboards (when it has any).
+            "tracking": {"eval_summary": self.run_dir / "eval" / "summary.jsonl"},
         }, config.trainer)
         trainer_config = validated(TrainerServiceConfig, trainer_tree, "trainer section")
         algorithm = trainer_config.algorithm_config()
@@ -97,10 +99,16 @@ class Run:
             }
             if i == 0 and assets.eval is not None:
                 # A resumed run has its before-training evaluation; the worker's first weights are the base model's.
-                tree["eval"] = {"datasets": {"heldout": assets.eval}, "output_dir": self.run_dir / "eval",
-                                "at_start": not self.resume}
+                tree["eval"] = {"datasets": {"heldout": self.heldout_spec(assets.eval)},
+                                "output_dir": self.run_dir / "eval", "at_start": not self.resume}
             self.start(f"rollout-{i}", "rollout", RolloutServiceConfig, merge(tree, config.rollout))
         return trainer
+
+    def heldout_spec(self, path: Path) -> dict:
+        """The held-out set is read as the training prompts are (the same column mapping and bad-row rule); a
+        folder's split is its own (test by default)."""
+        prompts = self.config.buffer.get("prompts", {})
+        return {"path": path, **{key: prompts[key] for key in ("columns", "skip_bad_rows") if key in prompts}}
 
     def watch(self, trainer: ServiceProcess, progress: ProgressLine) -> None:
         """Until the trainer finishes; raises ServiceFailed when any service dies first."""
