@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerobubble.buffer.config import BufferServiceConfig
-from zerobubble.common.config import TOKEN_ENV, ClientConfig, ConfigError
+from zerobubble.common.config import TOKEN_ENV, ClientConfig, ConfigError, load_config
 from zerobubble.launcher.assets import RunAssets, prepare_assets
 from zerobubble.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.launcher.processes import ServiceFailed, ServiceProcess
@@ -149,6 +149,7 @@ def up(config: UpConfig, *, resume: bool = False, cache: Path | None = None) -> 
         progress.close()
         if config.final_eval and assets.eval is not None:
             final_eval(run, assets)
+        track_evaluations(run)
     except Interrupted as exc:
         progress.close()
         print(f"zerobubble up: {exc} received, stopping the services", flush=True)
@@ -174,6 +175,13 @@ def final_eval(run: Run, assets: RunAssets) -> None:
 
     reward = next(p for p in run.services if p.service == "reward")
     evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward), run.config)
+
+
+def track_evaluations(run: Run) -> None:
+    """Evaluations written once the trainer had stopped (the final one above all) reach its dashboards too."""
+    from zerobubble.trainer.tracking import log_new_evaluations
+
+    log_new_evaluations(load_config(TrainerServiceConfig, run.run_dir / "configs" / "trainer.yaml"))
 
 
 def finish(run_dir: Path, seconds: float) -> dict:

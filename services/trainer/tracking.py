@@ -3,7 +3,8 @@ and the rollout log (every N steps a sample of prompts, responses, rewards and p
 
 Called where the trainer writes metrics.jsonl, with the same row: figures of the training go under `train/`, the
 pipeline's timing (idle fraction, staleness, weight sync) under `pipeline/`, and the evaluations, followed from
-their summary.jsonl, under `eval/<dataset>/` at their policy version. With nothing configured it does nothing.
+their summary.jsonl, under `eval/<dataset>/` at their policy version (in TensorBoard a run of their own beside the
+training's, `eval` and `train`). With nothing configured it does nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ NOT_FIGURES = ("step", "time")
 TENSORBOARD_DIR = "tensorboard"
 ROLLOUT_LOG = "rollouts.jsonl"
 WANDB_ID_FILE = "wandb-run-id"
+# How much of the evaluations' summary the dashboards have had, so a resumed trainer, or the launcher after the
+# evaluation that follows training, logs only what is new.
+EVAL_OFFSET_FILE = "tracked-eval-bytes"
 ROLLOUT_COLUMNS = ["step", "prompt_id", "prompt", "gt_answer", "response", "reward", "answer_ok", "policy_version"]
 
 
@@ -67,11 +71,12 @@ def rollout_sample(groups: list[common_pb2.ExperienceGroup], step: int, policy_v
 
 
 class EvalFollower:
-    """New complete lines of the evaluations' summary.jsonl since the last call."""
+    """New complete lines of the evaluations' summary.jsonl since the last call, in this process or an earlier one."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, offset_file: Path):
         self.path = path
-        self.offset = 0
+        self.offset_file = offset_file
+        self.offset = int(offset_file.read_text()) if offset_file.exists() else 0
 
     def new_rows(self) -> list[dict[str, Any]]:
         try:
@@ -81,7 +86,10 @@ class EvalFollower:
         except FileNotFoundError:
             return []
         complete = data[: data.rfind(b"\n") + 1]
+        if not complete:
+            return []
         self.offset += len(complete)
+        self.offset_file.write_text(str(self.offset))
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
@@ -92,10 +100,13 @@ def _start_wandb(config: WandbConfig, run_dir: Path, run_config: dict[str, Any])
     id_file = run_dir / WANDB_ID_FILE
     run_id = id_file.read_text().strip() if id_file.exists() else None
     run_dir.mkdir(parents=True, exist_ok=True)
+    settings = wandb.Settings(console="off", x_disable_stats=True, **({"mode": config.mode} if config.mode else {}))
     try:
-        run = wandb.init(project=config.project, entity=config.entity, name=config.name, mode=config.mode,
-                         dir=run_dir, id=run_id, resume="allow", config=run_config,
-                         settings=wandb.Settings(console="off", x_disable_stats=True))
+        # The process-wide settings too: offline there keeps wandb's own usage telemetry (export threads that try the
+        # network at exit) from starting.
+        wandb.setup(settings=settings)
+        run = wandb.init(project=config.project, entity=config.entity, name=config.name, dir=run_dir, id=run_id,
+                         resume="allow", config=run_config, settings=settings)
     except Exception as exc:  # wandb raises its own errors, and plain ones, for a login or network it cannot have
         raise ConfigError(f"tracking.wandb: no wandb run could be started: {exc}") from None
     id_file.write_text(run.id)
@@ -115,10 +126,11 @@ class Tracker:
         self.run_dir = config.run_dir
         self.active = active
         self.tensorboard = None
+        self.eval_tensorboard = None
         self.wandb = None
-        self.first_step: int | None = None
-        follow = self.config.eval_summary is not None and (self.config.tensorboard or self.config.wandb is not None)
-        self.evals = EvalFollower(self.config.eval_summary) if follow else None
+        follow = active and self.config.eval_summary is not None and (
+            self.config.tensorboard or self.config.wandb is not None)
+        self.evals = EvalFollower(self.config.eval_summary, self.run_dir / EVAL_OFFSET_FILE) if follow else None
         if active and self.config.wandb is not None:
             self.wandb = _start_wandb(self.config.wandb, self.run_dir, config.model_dump(mode="json"))
 
@@ -128,16 +140,21 @@ class Tracker:
 
             # A resumed run trains again from its checkpoint: purge_step hides what the stopped one logged from
             # there on, so each step appears once.
-            self.tensorboard = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR), purge_step=step)
+            self.tensorboard = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR / "train"), purge_step=step)
         return self.tensorboard
+
+    def _eval_tensorboard(self):
+        if self.eval_tensorboard is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.eval_tensorboard = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR / "eval"))
+        return self.eval_tensorboard
 
     def log_step(self, row: dict[str, Any], groups: list[common_pb2.ExperienceGroup]) -> None:
         """One training step: the metrics.jsonl row and the groups it trained on."""
         if not self.active:
             return
         step = row["step"]
-        if self.first_step is None:
-            self.first_step = step
         scalars = step_scalars(row)
         if self.config.tensorboard:
             writer = self._tensorboard(step)
@@ -167,26 +184,31 @@ class Tracker:
     def _log_evals(self) -> None:
         if self.evals is None:
             return
-        # A resumed trainer reads the summary from its start: the stopped one logged the versions before the step it
-        # resumes at (purge_step hides its later ones).
-        floor = self.first_step if self.first_step > 1 else 0
         for summary in self.evals.new_rows():
             version = summary["version"]
-            if version < floor:
-                continue
             scalars = eval_scalars(summary)
             if self.config.tensorboard:
-                writer = self._tensorboard(self.first_step)
+                writer = self._eval_tensorboard()
                 for tag, value in scalars.items():
                     writer.add_scalar(tag, value, version)
+                writer.flush()
             if self.wandb is not None:
                 self.wandb.log({"eval/policy_version": version, **scalars})
 
     def close(self) -> None:
         """Takes the evaluations written since the last step, then closes the files and the wandb run."""
-        if self.first_step is not None:
-            self._log_evals()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        self._log_evals()
+        for writer in (self.tensorboard, self.eval_tensorboard):
+            if writer is not None:
+                writer.close()
         if self.wandb is not None:
+            import wandb
+
             self.wandb.finish()
+            # Now rather than in wandb's exit hook, beside the trainer's own teardown at interpreter exit.
+            wandb.teardown()
+
+
+def log_new_evaluations(config: TrainerServiceConfig) -> None:
+    """The evaluations the trainer's dashboards have not had, such as the one `zerobubble up` runs after training."""
+    Tracker(config).close()

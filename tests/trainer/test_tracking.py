@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.trainer.config import TrainerServiceConfig
-from zerobubble.trainer.tracking import ROLLOUT_LOG, TENSORBOARD_DIR, WANDB_ID_FILE, Tracker
+from zerobubble.trainer.tracking import ROLLOUT_LOG, TENSORBOARD_DIR, WANDB_ID_FILE, Tracker, log_new_evaluations
 from zerobubble.v1 import common_pb2
 
 
@@ -46,7 +46,8 @@ def train(tracker: Tracker, steps: range, summary: Path) -> None:
 
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
-    events = EventAccumulator(str(run_dir / TENSORBOARD_DIR))
+    """TensorBoard's view of one tag: the evaluations are a run of their own beside the training's."""
+    events = EventAccumulator(str(run_dir / TENSORBOARD_DIR / ("eval" if tag.startswith("eval/") else "train")))
     events.Reload()
     return [(event.step, round(event.value, 6)) for event in events.Scalars(tag)]
 
@@ -102,14 +103,25 @@ def test_a_resumed_trainer_continues_the_same_dashboards_without_repeating_steps
     settings = {"tensorboard": True, "wandb": {"mode": "offline"}, "eval_summary": summary}
     train(Tracker(config(run_dir, **settings)), range(1, 5), summary)
     run_id = (run_dir / WANDB_ID_FILE).read_text()
-    # Stopped after step 4 with its checkpoint at step 2: steps 3 and 4 are trained again.
-    summary.write_text("\n".join(summary.read_text().splitlines()[:1]) + "\n")
+    # Stopped after step 4 with its checkpoint at step 2: steps 3 and 4 are trained again, and the new weights of
+    # version 4 evaluated again.
     train(Tracker(config(run_dir, **settings)), range(3, 6), summary)
 
     assert [step for step, _ in scalars(run_dir, "train/loss")] == [1, 2, 3, 4, 5]
-    assert scalars(run_dir, "eval/heldout/pass@1") == [(2, 0.2), (4, 0.4)]
+    assert scalars(run_dir, "eval/heldout/pass@1") == [(2, 0.2), (4, 0.4), (4, 0.4)]
     run_files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(run_files) == 2 and {path.name for path in run_files} == {f"run-{run_id}.wandb"}
+
+
+def test_evaluations_written_after_the_trainer_stopped_reach_its_dashboards(tmp_path):
+    run_dir, summary = tmp_path / "trainer", tmp_path / "summary.jsonl"
+    settings = {"tensorboard": True, "eval_summary": summary}
+    train(Tracker(config(run_dir, **settings)), range(1, 3), summary)
+    with open(summary, "a") as out:
+        out.write(json.dumps({"version": 2, "dataset": "final", "prompts": 4, "n": 2, "pass@1": 0.5}) + "\n")
+    log_new_evaluations(config(run_dir, **settings))
+    assert scalars(run_dir, "eval/heldout/pass@1") == [(2, 0.2)]
+    assert scalars(run_dir, "eval/final/pass@1") == [(2, 0.5)]
 
 
 def test_without_tracking_the_run_writes_what_it_wrote_before(tmp_path):
