@@ -56,6 +56,12 @@ class UpConfig(Schema):
     trainer: dict[str, Any] = Field(default_factory=dict, description="fields of the trainer service config")
     rollout: dict[str, Any] = Field(default_factory=dict, description="fields of every rollout worker's config")
 
+    def prompts_reading(self, *keys: str) -> dict[str, Any]:
+        """How the training set is read (of buffer.prompts: split, columns, skip_bad_rows), for other readers of
+        the user's data."""
+        prompts = self.buffer.get("prompts", {})
+        return {key: prompts[key] for key in keys if key in prompts}
+
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Nested dicts merged key by key; anything else in `overrides` replaces what `base` had."""

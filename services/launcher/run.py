@@ -107,8 +107,7 @@ class Run:
     def heldout_spec(self, path: Path) -> dict:
         """The held-out set is read as the training prompts are (the same column mapping and bad-row rule); a
         folder's split is its own (test by default)."""
-        prompts = self.config.buffer.get("prompts", {})
-        return {"path": path, **{key: prompts[key] for key in ("columns", "skip_bad_rows") if key in prompts}}
+        return {"path": path, **self.config.prompts_reading("columns", "skip_bad_rows")}
 
     def watch(self, trainer: ServiceProcess, progress: ProgressLine) -> None:
         """Until the trainer finishes; raises ServiceFailed when any service dies first."""

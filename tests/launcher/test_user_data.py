@@ -39,3 +39,17 @@ def test_bench_data_refuses_an_unknown_format():
     done = subprocess.run([str(Path(sys.executable).parent / "zerobubble"), "bench", "data", "--formats", "csv"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "expected some of jsonl, parquet, folder, got 'csv'" in done.stderr
+
+
+def test_the_tiny_model_warms_up_on_a_users_set_in_any_form(tmp_path):
+    from zerobubble.launcher.assets import prepare_assets
+
+    train = tmp_path / "data" / "trl.jsonl"
+    train.parent.mkdir()
+    train.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "solution": str(2 * a)}) + "\n" for a in range(6)))
+    config = UpConfig(run_dir=tmp_path / "run", train_data=train, eval_data=train,
+                      tiny_model={"warm_start_steps": 2}, pipeline={"torch_threads": 1})
+    assets = prepare_assets(config, tmp_path / "cache")
+    assert json.loads((assets.model / "ready.json").read_text())["steps"] == 2
+    rows = [json.loads(line) for line in (assets.model / "warm-start.jsonl").read_text().splitlines()]
+    assert rows[3] == {"messages": [{"role": "user", "content": "3+3="}], "gt_answer": "6"}
