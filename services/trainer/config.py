@@ -66,11 +66,13 @@ class TrackingConfig(Schema):
     """Where the run's figures go besides metrics.jsonl and /metrics: each step's figures, the pipeline's timing
     (idle fraction, staleness, weight-sync time) and the evaluations, as the user's dashboards read them."""
 
-    tensorboard: bool = Field(False, description="TensorBoard event files in run_dir/tensorboard")
-    wandb: WandbConfig | None = Field(None, description="a Weights & Biases run (null: none)")
+    tensorboard: bool = Field(False, description="TensorBoard event files in run_dir/tensorboard (runs train and "
+                              "eval)")
+    wandb: WandbConfig | None = Field(None, description="a Weights & Biases run, {project, entity, name, mode: online "
+                                      "or offline} (null: none)")
     rollout_log: RolloutLogConfig | None = Field(
-        None, description="a sample of prompts, responses, rewards and policy versions to run_dir/rollouts.jsonl "
-        "(and a wandb table) every interval_steps (null: none)")
+        None, description="{interval_steps: 10, groups: 2}: every interval_steps a sample of the step's prompts, "
+        "responses, rewards and policy versions to run_dir/rollouts.jsonl, and a wandb table (null: none)")
     eval_summary: Path | None = Field(None, description="the evaluations' summary.jsonl, whose new results go to "
                                       "TensorBoard and wandb as they appear (zerobubble up sets it)")
 
