@@ -86,7 +86,8 @@ def _bench_transport(args) -> dict:
 # `register_bench(bench_subparsers)` whose parsers set `measure` to a function returning the figures).
 COMMAND_MODULES = ("zerobubble.tiny.commands", "zerobubble.launcher.commands", "zerobubble.runs.plot")
 BENCH_MODULES = ("zerobubble.reward.bench", "zerobubble.trainer.bench_weights", "zerobubble.rollout.bench",
-                 "zerobubble.launcher.bench_pipeline", "zerobubble.launcher.bench_gpu", "zerobubble.fuzz.bench")
+                 "zerobubble.launcher.bench_pipeline", "zerobubble.launcher.bench_gpu", "zerobubble.fuzz.bench",
+                 "zerobubble.launcher.bench_data")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,10 +8,12 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from zerobubble.common.config import Schema, ServerConfig
+from zerobubble.common.data import DataSpec
 
 
-class PromptsConfig(Schema):
-    path: Path = Field(description="training JSONL: `messages` and `gt_answer` (math) or `test_cases` (code)")
+class PromptsConfig(DataSpec):
+    """The training set (path, split, columns, skip_bad_rows) and the order it is handed out in."""
+
     epochs: int = Field(1, gt=0, description="passes over the data; each has its own seeded order")
     seed: int = Field(0, description="the order of epoch e is a permutation drawn from (seed, e)")
     shuffle: bool = True

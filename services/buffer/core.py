@@ -119,9 +119,7 @@ class Buffer:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.config = config
-        self.source = source or PromptSource.load(
-            config.prompts.path, seed=config.prompts.seed, shuffle=config.prompts.shuffle
-        )
+        self.source = source or PromptSource.from_config(config.prompts)
         self.clock = clock
         # Threads wait on it as on any Condition; the servicer's coroutines wait on it holding no thread.
         self._cond = AwaitableCondition()

@@ -9,6 +9,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from zerobubble.common.data import DataSpec, load_data
 from zerobubble.launcher.config import UpConfig
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,17 @@ def prepare_assets(config: UpConfig, cache: Path) -> RunAssets:
     return RunAssets(model=model, train=train, eval=held_out)
 
 
+def _task_rows(config: UpConfig, train: Path, path: Path) -> Path:
+    """The user's math rows, in whatever form the buffer reads them, as the task's JSONL that the warm start reads."""
+    data = load_data(DataSpec(path=train, **config.prompts_reading("split", "columns", "skip_bad_rows")),
+                     field="buffer.prompts", default_split="train")
+    with open(path, "w", encoding="utf-8") as out:
+        for row in data:
+            if row.gt_answer is not None:
+                out.write(json.dumps({"messages": json.loads(row.messages_json), "gt_answer": row.gt_answer}) + "\n")
+    return path
+
+
 def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
     import torch
 
@@ -58,7 +70,8 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
         torch.set_num_threads(config.pipeline.torch_threads)
     if tiny.warm_start_steps:
         log.info("warm start: %d supervised steps on %s", tiny.warm_start_steps, train)
-        figures = warm_start(partial, train, steps=tiny.warm_start_steps, seed=tiny.seed,
+        rows = train if config.train_data is None else _task_rows(config, train, partial / "warm-start.jsonl")
+        figures = warm_start(partial, rows, steps=tiny.warm_start_steps, seed=tiny.seed,
                              label_smoothing=tiny.warm_start_label_smoothing)
     (partial / "ready.json").write_text(json.dumps(figures, default=str))
     shutil.rmtree(directory, ignore_errors=True)

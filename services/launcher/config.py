@@ -55,8 +55,10 @@ class UpConfig(Schema):
     run_dir: Path = Field(Path("runs/demo"), description="everything the run writes")
     model: Path | None = Field(None, description="an HF model folder; null: make the tiny model (cached)")
     tiny_model: TinyModel = TinyModel()
-    train_data: Path | None = Field(None, description="training JSONL; null: make the arithmetic task")
-    eval_data: Path | None = Field(None, description="held-out JSONL; null: the arithmetic task's")
+    train_data: Path | None = Field(None, description="training data (JSONL, JSON, parquet or a datasets folder; "
+                                    "buffer.prompts sets its split and columns); null: make the arithmetic task")
+    eval_data: Path | None = Field(None, description="held-out data, read with the training data's columns; null: "
+                                   "the arithmetic task's")
     task: ArithmeticTask = ArithmeticTask()
     pipeline: PipelineConfig = PipelineConfig()
     startup_timeout_seconds: float = Field(300.0, gt=0)
@@ -66,6 +68,12 @@ class UpConfig(Schema):
     buffer: dict[str, Any] = Field(default_factory=dict, description="fields of the buffer service config")
     trainer: dict[str, Any] = Field(default_factory=dict, description="fields of the trainer service config")
     rollout: dict[str, Any] = Field(default_factory=dict, description="fields of every rollout worker's config")
+
+    def prompts_reading(self, *keys: str) -> dict[str, Any]:
+        """How the training set is read (of buffer.prompts: split, columns, skip_bad_rows), for other readers of
+        the user's data."""
+        prompts = self.buffer.get("prompts", {})
+        return {key: prompts[key] for key in keys if key in prompts}
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from zerobubble.common.config import ClientConfig, load_config
+from zerobubble.common.data import DataSpec
 from zerobubble.launcher.config import UpConfig
 from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
@@ -33,7 +34,9 @@ def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_service: ClientCo
     engine = make_engine("transformers", checkpoint, device="cpu", dtype="fp32", seed=rollout.generation.seed)
     prompts = PromptBuilder(engine.tokenizer, system_prompt(rollout.reward.verifier, rollout.reward.system_prompt),
                             rollout.generation.max_prompt_tokens)
-    eval_config = rollout.eval.model_copy(update={"datasets": {"heldout": eval_data}})
+    # The first worker's spec of the held-out set carries its split and column mapping.
+    heldout = rollout.eval.datasets.get("heldout", DataSpec(path=eval_data))
+    eval_config = rollout.eval.model_copy(update={"datasets": {"heldout": heldout}})
     with RewardClient(reward_service) as reward:
         evaluator = Evaluator(eval_config, prompts=prompts, reward=reward, verifier=rollout.reward.verifier,
                               metrics=RolloutMetrics(CollectorRegistry()),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerobubble.buffer.config import BufferServiceConfig
-from zerobubble.common.config import TOKEN_ENV, ClientConfig, ConfigError
+from zerobubble.common.config import TOKEN_ENV, ClientConfig, ConfigError, load_config
 from zerobubble.launcher.assets import RunAssets, prepare_assets
 from zerobubble.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.launcher.processes import ServiceFailed, ServiceProcess
@@ -78,6 +78,8 @@ class Run:
             "server": SERVER, "model": assets.model, "run_dir": self.run_dir / "trainer",
             "resume": self.resume, "batch": {"max_new_tokens": pipeline.max_new_tokens},
             "torch_threads": pipeline.torch_threads,
+            # Where the rollout's evaluations land, for the trainer's dashboards (when it has any).
+            "tracking": {"eval_summary": self.run_dir / "eval" / "summary.jsonl"},
         }, config.trainer)
         trainer_config = validated(TrainerServiceConfig, trainer_tree, "trainer section")
         algorithm = trainer_config.algorithm_config()
@@ -105,10 +107,15 @@ class Run:
             }
             if i == 0 and assets.eval is not None:
                 # A resumed run has its before-training evaluation; the worker's first weights are the base model's.
-                tree["eval"] = {"datasets": {"heldout": assets.eval}, "output_dir": self.run_dir / "eval",
-                                "at_start": not self.resume}
+                tree["eval"] = {"datasets": {"heldout": self.heldout_spec(assets.eval)},
+                                "output_dir": self.run_dir / "eval", "at_start": not self.resume}
             self.start(f"rollout-{i}", "rollout", RolloutServiceConfig, merge(tree, config.rollout))
         return trainer
+
+    def heldout_spec(self, path: Path) -> dict:
+        """The held-out set is read as the training prompts are (the same column mapping and bad-row rule); a
+        folder's split is its own (test by default)."""
+        return {"path": path, **self.config.prompts_reading("columns", "skip_bad_rows")}
 
     def watch(self, trainer: ServiceProcess, progress: ProgressLine) -> None:
         """Until the trainer finishes, restarting what dies; raises ServiceFailed when a service dies with its
@@ -151,6 +158,7 @@ def up(config: UpConfig, *, resume: bool = False, cache: Path | None = None) -> 
         progress.close()
         if config.final_eval and assets.eval is not None:
             final_eval(run, assets)
+        track_evaluations(run)
     except Interrupted as exc:
         progress.close()
         print(f"zerobubble up: {exc} received, stopping the services", flush=True)
@@ -176,6 +184,13 @@ def final_eval(run: Run, assets: RunAssets) -> None:
 
     reward = next(p for p in run.services if p.service == "reward")
     evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward), run.config)
+
+
+def track_evaluations(run: Run) -> None:
+    """Evaluations written once the trainer had stopped (the final one above all) reach its dashboards too."""
+    from zerobubble.trainer.tracking import log_new_evaluations
+
+    log_new_evaluations(load_config(TrainerServiceConfig, run.run_dir / "configs" / "trainer.yaml"))
 
 
 def finish(run_dir: Path, seconds: float) -> dict:

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from zerobubble.common.config import ClientConfig, Schema, ServerConfig
+from zerobubble.common.data import DataSpec
 
 
 def _default_worker_id() -> str:
@@ -60,7 +61,8 @@ class RewardConfig(Schema):
 
 
 class EvalConfig(Schema):
-    datasets: dict[str, Path] = Field(default_factory=dict, description="name -> JSONL in the training format")
+    datasets: dict[str, DataSpec] = Field(default_factory=dict, description="name -> a data set as the buffer's "
+                                          "prompts take it (a path, or {path, split, columns, skip_bad_rows})")
     interval: int = Field(0, ge=0, description="evaluate every this many policy versions (0: never)")
     at_start: bool = Field(True, description="also evaluate the starting weights")
     samples_per_prompt: int = Field(4, gt=0, description="n: pass@1 is the mean over them, pass@k uses all")

@@ -6,9 +6,10 @@ import json
 import logging
 import math
 import time
+from collections import defaultdict
 from pathlib import Path
 
-from zerobubble.buffer.prompts import PromptSource
+from zerobubble.common.data import load_data
 from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import EvalConfig
 from zerobubble.rollout.engine import Engine, SamplingSettings
@@ -36,7 +37,8 @@ class Evaluator:
         self.metrics = metrics
         self.sampling = SamplingSettings(n=config.samples_per_prompt, temperature=config.temperature,
                                          max_new_tokens=max_new_tokens, stop=stop, seed=seed)
-        self.datasets = {name: PromptSource.load(path, shuffle=False) for name, path in config.datasets.items()}
+        self.datasets = {name: load_data(spec, field=f"eval.datasets.{name}", default_split="test")
+                         for name, spec in config.datasets.items()}
         self.done: set[int] = set()
 
     def due(self, version: int) -> bool:
@@ -58,7 +60,7 @@ class Evaluator:
 
     def run(self, engine: Engine, name: str, version: int) -> dict:
         started = time.monotonic()
-        rows = self.datasets[name].rows[: self.config.max_prompts]
+        rows = self.datasets[name][: self.config.max_prompts]
         prompts = [row.to_message(epoch=0) for row in rows]
         samples = engine.generate([self.prompts.build(p.messages_json) for p in prompts], self.sampling)
         requests = [r for p, s in zip(prompts, samples, strict=True) for r in score_requests(self.verifier, p, s)]
@@ -67,20 +69,26 @@ class Evaluator:
         directory = self.config.output_dir / name
         directory.mkdir(parents=True, exist_ok=True)
         pass1 = passk = 0.0
+        by_source: dict[str, list[float]] = defaultdict(list)
         with open(directory / f"version-{version:06d}.jsonl", "w", encoding="utf-8") as out:
-            for prompt, per_prompt in zip(prompts, samples, strict=True):
+            for row, prompt, per_prompt in zip(rows, prompts, samples, strict=True):
                 correct = 0
                 for i, sample in enumerate(per_prompt):
                     score = next(scores)
                     correct += score.answer_ok
                     out.write(json.dumps({"prompt_id": prompt.prompt_id, "sample": i, "text": sample.text,
                                           "reward": score.reward, "answer_ok": score.answer_ok,
-                                          "finish_reason": sample.finish_reason}) + "\n")
+                                          "finish_reason": sample.finish_reason, "data_source": row.data_source})
+                              + "\n")
                 pass1 += pass_at_k(n, correct, 1)
                 passk += pass_at_k(n, correct, k)
+                if row.data_source is not None:
+                    by_source[row.data_source].append(pass_at_k(n, correct, 1))
         summary = {"version": version, "dataset": name, "prompts": len(prompts), "n": n,
                    "pass@1": pass1 / len(prompts), f"pass@{k}": passk / len(prompts),
                    "seconds": round(time.monotonic() - started, 3)}
+        if by_source:
+            summary["pass@1_by_source"] = {source: sum(v) / len(v) for source, v in sorted(by_source.items())}
         with open(Path(self.config.output_dir) / "summary.jsonl", "a", encoding="utf-8") as out:
             out.write(json.dumps(summary) + "\n")
         self.metrics.eval_pass_at_1.labels(dataset=name).set(summary["pass@1"])

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from zerobubble.common.config import ClientConfig, Schema, ServerConfig
 from zerobubble.trainer.algorithms.presets import AlgorithmConfig, algorithm_config
@@ -42,6 +43,54 @@ class CheckpointConfig(Schema):
     at_end: bool = True
 
 
+def _installed(package: str, field: str) -> None:
+    if importlib.util.find_spec(package) is None:
+        raise ValueError(f"needs the {package} package, which `pip install 'zerobubble[tracking]'` brings ({field})")
+
+
+class WandbConfig(Schema):
+    project: str = Field("zerobubble", min_length=1)
+    entity: str | None = Field(None, description="team or user (null: the logged-in user's default)")
+    name: str | None = Field(None, description="the run's display name (null: wandb picks one)")
+    mode: Literal["online", "offline"] | None = Field(
+        None, description="offline writes the run under run_dir/wandb for `wandb sync` later, with no network; "
+        "null: $WANDB_MODE, else online")
+
+
+class RolloutLogConfig(Schema):
+    interval_steps: int = Field(10, gt=0, description="every this many steps")
+    groups: int = Field(2, gt=0, description="experience groups of the step sampled, each with all its responses")
+
+
+class TrackingConfig(Schema):
+    """Where the run's figures go besides metrics.jsonl and /metrics: each step's figures, the pipeline's timing
+    (idle fraction, staleness, weight-sync time) and the evaluations, as the user's dashboards read them."""
+
+    tensorboard: bool = Field(False, description="TensorBoard event files in run_dir/tensorboard (runs train and "
+                              "eval)")
+    wandb: WandbConfig | None = Field(None, description="a Weights & Biases run, {project, entity, name, mode: online "
+                                      "or offline} (null: none)")
+    rollout_log: RolloutLogConfig | None = Field(
+        None, description="{interval_steps: 10, groups: 2}: every interval_steps a sample of the step's prompts, "
+        "responses, rewards and policy versions to run_dir/rollouts.jsonl, and a wandb table (null: none)")
+    eval_summary: Path | None = Field(None, description="the evaluations' summary.jsonl, whose new results go to "
+                                      "TensorBoard and wandb as they appear (zerobubble up sets it)")
+
+    @field_validator("tensorboard")
+    @classmethod
+    def _tensorboard_installed(cls, value: bool) -> bool:
+        if value:
+            _installed("tensorboard", "tracking.tensorboard")
+        return value
+
+    @field_validator("wandb")
+    @classmethod
+    def _wandb_installed(cls, value: WandbConfig | None) -> WandbConfig | None:
+        if value is not None:
+            _installed("wandb", "tracking.wandb")
+        return value
+
+
 class TrainerServiceConfig(Schema):
     server: ServerConfig = ServerConfig(listen="127.0.0.1:50055")
     model: Path = Field(description="the HF-format model folder to start from")
@@ -57,6 +106,7 @@ class TrainerServiceConfig(Schema):
     weight_sync: WeightSyncConfig | None = Field(
         WeightSyncConfig(), description="the broadcast group rollout workers join; null: no weight sync")
     checkpoint: CheckpointConfig = CheckpointConfig()
+    tracking: TrackingConfig = TrackingConfig()
     buffer: ClientConfig = ClientConfig(address="127.0.0.1:50053")
     max_steps: int | None = Field(None, gt=0, description="stop after this many steps (default: the end of the data)")
     torch_threads: int | None = Field(None, gt=0, description="CPU threads of torch in this process (null: "

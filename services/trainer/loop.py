@@ -29,6 +29,7 @@ from zerobubble.trainer.collate import ExperienceBatch, collate, unusable
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.trainer.metrics import TrainerMetrics
 from zerobubble.trainer.strategies.base import Strategy
+from zerobubble.trainer.tracking import Tracker
 from zerobubble.trainer.update import PolicyUpdate
 from zerobubble.v1 import buffer_pb2, common_pb2
 
@@ -79,6 +80,7 @@ class TrainingLoop:
         self.idle_seconds = 0.0
         self.weight_bytes = 0
         self.started = time.monotonic()
+        self.tracker = Tracker(config, active=strategy.rank == 0)
 
     @property
     def groups_per_rank(self) -> int:
@@ -108,6 +110,7 @@ class TrainingLoop:
         try:
             self._run()
         finally:
+            self.tracker.close()
             self.finished.set()
             self._serve_requests()
 
@@ -214,7 +217,7 @@ class TrainingLoop:
             seconds = self.broadcaster.status()["last_sync_seconds"]
             figures["weight_sync_seconds"] = seconds
             figures["weight_sync_gbps"] = self.weight_bytes / seconds / 1e9 if seconds > 0 else 0.0
-        self._record(figures)
+        self._record(figures, groups)
 
     def _publish(self) -> None:
         """Every rank takes part in gathering the full weights; rank 0 hands them to the broadcaster."""
@@ -223,7 +226,7 @@ class TrainingLoop:
         if self.broadcaster is not None:
             self.broadcaster.publish(weights, self.policy_version)
 
-    def _record(self, figures: dict[str, float]) -> None:
+    def _record(self, figures: dict[str, float], groups: list[common_pb2.ExperienceGroup]) -> None:
         if self.strategy.rank != 0:
             return
         row = {"step": self.step, "policy_version": self.policy_version, "time": time.time(), **figures}
@@ -231,6 +234,7 @@ class TrainingLoop:
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "a", encoding="utf-8") as out:
             out.write(json.dumps(row) + "\n")
+        self.tracker.log_step(row, groups)
         log.info("step %d: reward %.3f accuracy %.3f staleness %.2f loss %.4f", self.step,
                  figures["reward_mean"], figures["answer_accuracy"], figures["staleness_mean"], figures["loss"])
 

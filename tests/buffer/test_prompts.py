@@ -34,12 +34,16 @@ def test_explicit_ids_name_prompts(tmp_path):
     [
         ('{"messages": [], "gt_answer": "1"}', "line 2: messages: expected"),
         ('{"messages": [{"role": "user"}], "gt_answer": "1"}', "line 2: messages[0].content: expected a string"),
-        ('{"messages": {"role": "user", "content": "x"}}', "line 2: expected exactly one of gt_answer"),
+        ('{"messages": {"role": "user", "content": "x"}}', "line 2: no ground truth: expected gt_answer"),
         ('{"messages": {"role": "user", "content": "x"}, "test_cases": {"inputs": ["1"], "outputs": []}}',
          "line 2: test_cases: expected as many outputs as inputs"),
         ('{"messages": {"role": "user", "content": "x"}, "test_cases": {"inputs": [1], "outputs": ["1"]}}',
          "line 2: test_cases.inputs: expected a list of strings"),
-        ('{"messages": {"role": "user", "content": "x"}, "gt_answer": null}', "line 2: gt_answer: expected"),
+        # A null is no value, as in a parquet column where the row has none.
+        ('{"messages": {"role": "user", "content": "x"}, "gt_answer": null}', "line 2: no ground truth"),
+        ('{"messages": {"role": "user", "content": "x"}, "gt_answer": [1]}', "line 2: gt_answer: expected"),
+        ('{"messages": {"role": "user", "content": "x"}, "gt_answer": "1", "test_cases": {}}',
+         "line 2: expected exactly one of gt_answer"),
         ("[1, 2]", "line 2: expected a JSON object"),
         ("{not json", "line 2: not JSON"),
         ('{"id": 0, "messages": {"role": "user", "content": "x"}, "gt_answer": "1"}', "'0' appears more than once"),
