@@ -25,7 +25,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from zerobubble.buffer.prompts import parse_row
+from zerobubble.buffer.prompts import PromptSource
 from zerobubble.v1 import buffer_pb2, common_pb2, reward_pb2, rollout_pb2, trainer_pb2
 
 # Where the rollout worker looks for its buffer and reward service: port 1 refuses every connection.
@@ -227,7 +227,7 @@ def _score_seeds(_: Deployment) -> list[Message]:
 
 
 def _first_prompt(deployment: Deployment) -> common_pb2.Prompt:
-    return parse_row(json.loads(deployment.prompts.read_text().splitlines()[0]), 0).to_message(0)
+    return PromptSource.load(deployment.prompts, shuffle=False).rows[0].to_message(0)
 
 
 def _group(deployment: Deployment) -> common_pb2.ExperienceGroup:
