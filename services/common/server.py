@@ -82,6 +82,24 @@ class BearerTokenCheck(grpc.aio.ServerInterceptor):
         return _with_behavior(handler, deny)
 
 
+class _SyncContext:
+    """The call's context as a sync handler on the host's threads sees it: `abort()` blocks and raises, as on the
+    thread-per-call server; the context's plain methods pass through."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, loop: asyncio.AbstractEventLoop):
+        self._context = context
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        asyncio.run_coroutine_threadsafe(self._context.abort(code, details), self._loop).result()
+
+
+_MISSING = object()
+
+
 class _Undecodable:
     """Stands for a request whose bytes are no message of its method's type."""
 
@@ -193,85 +211,52 @@ def _refusing_undecodable(behavior: Callable, request_streaming: bool, name: str
     return sync_unary
 
 
-class ThreadedContext:
-    """What a sync handler saw of its call on the thread-per-call server: `is_active()`,
-    `add_callback()` and a blocking `abort()`; the aio context's other plain methods pass through."""
-
-    def __init__(self, context: grpc.aio.ServicerContext, loop: asyncio.AbstractEventLoop):
-        self._context = context
-        self._grpc_loop = loop
-        self._ended = threading.Event()
-        self._callbacks: list[Callable[[], None]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-    def is_active(self) -> bool:
-        return not self._ended.is_set()
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        self._callbacks.append(callback)
-        return True
-
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
-        asyncio.run_coroutine_threadsafe(self._context.abort(code, details), self._grpc_loop).result()
-
-    def end(self) -> None:
-        self._ended.set()
-        for callback in self._callbacks:
-            callback()
-
-
-_END = object()
-
-
-def _blocking_requests(requests, loop: asyncio.AbstractEventLoop):
-    """The call's async request stream as a plain iterator for a handler thread."""
-
-    async def take():
-        return await anext(requests, _END)
-
-    while (request := asyncio.run_coroutine_threadsafe(take(), loop).result()) is not _END:
-        yield request
-
-
-class ThreadedStreams(grpc.aio.ServerInterceptor):
-    """Serves sync streaming handlers (generators over a blocking core) as they were served before:
-    on the host's threads, with a ThreadedContext, one thread held for as long as they block. grpc's
-    own bridge gives them a context without `is_active()`, and they cannot see a cancelled call."""
+class SingleRequests(grpc.aio.ServerInterceptor):
+    """Reads the one request of a unary-request method itself, as a one-message stream. grpc's asyncio server
+    gives no status at all to a call whose only message is missing or cut short (the client waits out its
+    deadline); read this way, the call is refused with INVALID_ARGUMENT. Sync handlers run on the host's
+    threads, as grpc would run them."""
 
     def __init__(self, pool: ThreadPoolExecutor):
         self._pool = pool
-        self._bridged: dict[str, grpc.RpcMethodHandler] = {}
+        self._adapted: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None or not handler.response_streaming:
-            return handler
-        behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
-        if inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior):
+        if handler is None or handler.request_streaming:
             return handler
         method = handler_call_details.method
-        if method not in self._bridged:
-            self._bridged[method] = _with_behavior(handler, self._bridge(behavior, handler.request_streaming))
-        return self._bridged[method]
+        if method not in self._adapted:
+            self._adapted[method] = self._adapt(handler)
+        return self._adapted[method]
 
-    def _bridge(self, behavior: Callable, request_streaming: bool):
+    def _adapt(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
         pool = self._pool
 
-        async def run(request, context):
-            loop = asyncio.get_running_loop()
-            threaded = ThreadedContext(context, loop)
-            if request_streaming:
-                request = _blocking_requests(request, loop)
-            try:
-                responses = iter(await loop.run_in_executor(pool, behavior, request, threaded))
-                while (response := await loop.run_in_executor(pool, next, responses, _END)) is not _END:
-                    await context.write(response)
-            finally:
-                threaded.end()
+        async def request_of(requests, context):
+            request = await anext(aiter(requests), _MISSING)
+            if request is _MISSING:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request message is missing or cut short")
+            return request
 
-        return run
+        if inspect.isasyncgenfunction(behavior):
+            async def serve(requests, context):
+                async for reply in behavior(await request_of(requests, context), context):
+                    await context.write(reply)
+        elif inspect.iscoroutinefunction(behavior):
+            async def serve(requests, context):
+                return await behavior(await request_of(requests, context), context)
+        elif not handler.response_streaming:
+            async def serve(requests, context):
+                request = await request_of(requests, context)
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(pool, behavior, request, _SyncContext(context, loop))
+        else:
+            # Streams are coroutines here (see ServiceHost); a sync generator is left to grpc's own bridge.
+            return handler
+        return _HANDLER_KINDS[True, handler.response_streaming](
+            serve, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
 
 class ServiceHost:
@@ -285,8 +270,6 @@ class ServiceHost:
     loop in a thread of its own. Handlers may be:
 
     - sync functions (unary): run on the host's `server.max_workers` threads, as before;
-    - sync generators (streaming): also run there, one thread held while they block, with a
-      context that has `is_active()` and `add_callback()` (see ThreadedStreams);
     - coroutines (and async generators): run on the loop and must never block it. This is the form
       for streams, whose waiting must not hold a thread. A streaming one sends with
       `await context.write(reply)` and reads an async request stream with `async for`:
@@ -371,7 +354,7 @@ class ServiceHost:
         interceptors = [BearerTokenCheck(self._token)] if self._token else []
         self._server = grpc.aio.server(
             migration_thread_pool=self._pool,
-            interceptors=[*interceptors, ThreadedStreams(self._pool), UndecodableRequests()],
+            interceptors=[*interceptors, SingleRequests(self._pool), UndecodableRequests()],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
@@ -412,8 +395,8 @@ class ServiceHost:
         if self._server is not None:
             self._call(self._stop(grace))
             self._close_grpc_loop()
-        # Sync handlers still blocked in a core call hold their threads until the core lets go
-        # (services close their cores after this); no new work is taken.
+        # Sync handlers still in a core call hold their threads until the core lets go (services
+        # close their cores after this); no new work is taken.
         self._pool.shutdown(wait=False, cancel_futures=True)
         metrics_closing.join()
         log.info("%s stopped", self.name)
@@ -427,8 +410,8 @@ class ServiceHost:
         await self._health.enter_graceful_shutdown()
         # grpc cancels the calls still open at the end of the grace: their coroutines see CancelledError.
         await self._server.stop(grace)
-        # What is left is grpc's own bookkeeping of the calls just cancelled, and requests being read
-        # for sync handlers; it ends within milliseconds, or is cancelled so no thread waits on it.
+        # What is left is grpc's own bookkeeping of the calls just cancelled; it ends within
+        # milliseconds, or is cancelled.
         others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
         if others:
             _, pending = await asyncio.wait(others, timeout=0.2)

@@ -30,41 +30,30 @@ def status_of(exc: errors.ServiceError) -> grpc.StatusCode:
 
 
 def translate_errors(method):
-    """Decorate a servicer method (unary or streaming, sync or async) so core errors abort with the
-    right status."""
+    """Decorate a servicer method (a sync unary one, or an async unary or streaming one) so core errors
+    abort with the right status."""
     if inspect.isasyncgenfunction(method):
 
         @functools.wraps(method)
-        async def async_streaming(self, request, context):
+        async def async_generator(self, request, context):
             try:
                 async for reply in method(self, request, context):
                     yield reply
             except errors.ServiceError as exc:
                 await context.abort(status_of(exc), str(exc))
 
-        return async_streaming
+        return async_generator
 
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
-        async def async_unary(self, request, context):
+        async def coroutine(self, request, context):
             try:
                 return await method(self, request, context)
             except errors.ServiceError as exc:
                 await context.abort(status_of(exc), str(exc))
 
-        return async_unary
-
-    if inspect.isgeneratorfunction(method):
-
-        @functools.wraps(method)
-        def streaming(self, request, context):
-            try:
-                yield from method(self, request, context)
-            except errors.ServiceError as exc:
-                context.abort(status_of(exc), str(exc))
-
-        return streaming
+        return coroutine
 
     @functools.wraps(method)
     def unary(self, request, context):

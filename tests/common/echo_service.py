@@ -18,9 +18,6 @@ class EchoCore:
     def __init__(self):
         self.calls = 0
         self._lock = threading.Lock()
-        self.holding = threading.Event()
-        self.held_call_ended = threading.Event()
-        self.held_handler_saw_it = threading.Event()
 
     def echo(self, request: bytes, context) -> bytes:
         with self._lock:
@@ -45,28 +42,12 @@ class EchoCore:
                 raise InvalidInput("invalid on purpose", field="payload")
             yield request
 
-    @translate_errors
-    def sync_stream(self, requests, context):
-        """A sync handler in the thread-per-call style: it blocks in its thread until its call ends."""
-        context.add_callback(self.held_call_ended.set)
-        for request in requests:
-            if request == b"invalid":
-                raise InvalidInput("invalid on purpose", field="payload")
-            if request == b"hold":
-                self.holding.set()
-                while context.is_active():
-                    time.sleep(0.01)
-                self.held_handler_saw_it.set()
-                return
-            yield request
-
 
 def register(core: EchoCore, server: grpc.Server) -> None:
     handler = grpc.method_handlers_generic_handler(SERVICE, {
         "Echo": grpc.unary_unary_rpc_method_handler(core.echo),
         "Checked": grpc.unary_unary_rpc_method_handler(core.checked),
         "Stream": grpc.stream_stream_rpc_method_handler(core.stream),
-        "SyncStream": grpc.stream_stream_rpc_method_handler(core.sync_stream),
     })
     server.add_generic_rpc_handlers((handler,))
 
@@ -76,7 +57,6 @@ class EchoStub:
         self.Echo = channel.unary_unary(f"/{SERVICE}/Echo")
         self.Checked = channel.unary_unary(f"/{SERVICE}/Checked")
         self.Stream = channel.stream_stream(f"/{SERVICE}/Stream")
-        self.SyncStream = channel.stream_stream(f"/{SERVICE}/SyncStream")
 
 
 class EchoClient(ServiceClient):

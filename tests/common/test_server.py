@@ -21,6 +21,7 @@ from prometheus_client import Counter
 
 from zerobubble.common.config import ClientConfig, ServerConfig, TLSConfig
 from zerobubble.common.server import ServiceHost
+from zerobubble.fuzz import wire
 
 
 def start(**server) -> tuple[ServiceHost, EchoCore]:
@@ -107,8 +108,8 @@ def test_a_thousand_idle_streams_leave_health_checks_and_unary_calls_answering(e
             assert time.monotonic() - started < 1.0
 
 
-@pytest.mark.parametrize("method", ["Checked", "Stream", "SyncStream"])
-def test_core_errors_of_async_and_sync_handlers_become_their_status(echo, method):
+@pytest.mark.parametrize("method", ["Checked", "Stream"])
+def test_core_errors_of_async_handlers_become_their_status(echo, method):
     host, _ = echo
     with EchoClient(ClientConfig(address=host.address, retry_seconds=0)) as client:
         received = []
@@ -122,28 +123,29 @@ def test_core_errors_of_async_and_sync_handlers_become_their_status(echo, method
         assert received == ([] if method == "Checked" else [b"a", b"b"])
 
 
-def test_a_sync_stream_handler_sees_its_call_end(echo):
-    host, core = echo
-    with EchoClient(host.address) as client:
-        call = client.stream("SyncStream", iter([b"hold"]))
-        assert core.holding.wait(10)
-        call.cancel()
-    assert core.held_handler_saw_it.wait(10), "is_active() stayed true after the client went away"
-    assert core.held_call_ended.wait(10), "the add_callback callback was not called"
+@pytest.mark.parametrize("method", ["Echo", "Checked"])
+def test_a_unary_call_whose_message_is_missing_or_cut_short_is_refused(echo, method):
+    host, _ = echo
+    body = wire.grpc_frame(b"a whole message")
+    for sent in (b"", body[:3], body[:-1]):
+        answer = wire.raw_call(host.address, f"/{SERVICE}/{method}", sent, timeout=10)
+        assert answer.status == grpc.StatusCode.INVALID_ARGUMENT.value[0], (sent, answer)
+        assert "missing or cut short" in answer.message
+    assert wire.raw_call(host.address, f"/{SERVICE}/{method}", body, timeout=10).status == grpc.StatusCode.OK.value[0]
 
 
-def test_stop_cancels_the_streams_still_open_after_the_grace():
+def test_stop_cancels_the_calls_still_open_after_the_grace():
     host, core = start()
     with idle_streams(host.address, f"/{SERVICE}/Stream", [b"open"] * 100, client_streaming=True) as streams, \
-            EchoClient(host.address) as client:
-        held = client.stream("SyncStream", iter([b"hold"]))
-        assert core.holding.wait(10)
+            EchoClient(ClientConfig(address=host.address, timeout_seconds=60, retry_seconds=0)) as client:
+        # A sync handler too, busy far beyond the grace.
+        busy = client.stub.Echo.future(b"sleep:30", timeout=60)
+        while core.calls == 0:
+            time.sleep(0.01)
         started = time.monotonic()
         host.stop(grace=1.0)
         assert time.monotonic() - started < 4.0
-        assert core.held_handler_saw_it.wait(10)
-        with pytest.raises(grpc.RpcError):
-            next(held)
+        assert busy.exception(10) is not None
         codes = streams.codes(timeout=10)
         assert set(codes) <= {grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE}, set(codes)
 
