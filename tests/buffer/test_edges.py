@@ -14,8 +14,7 @@ import grpc
 import numpy as np
 import pytest
 from buffer_helpers import BufferProcess, CuttableProxy, make_group, prompt_key
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from idle_streams import idle_streams
+from idle_streams import health_check_seconds, idle_streams
 from small_disk import fill, small_disk
 
 from zerobubble.buffer.client import BufferClient
@@ -300,18 +299,6 @@ def test_a_full_disk_refuses_groups_for_now_and_keeps_the_stream(serve, tmp_path
 
 # Streams that wait hold no thread.
 
-def health_seconds(address: str, checks: int = 5) -> list[float]:
-    with grpc.insecure_channel(address) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        health.Check(health_pb2.HealthCheckRequest(), timeout=10)
-        seconds = []
-        for _ in range(checks):
-            started = time.monotonic()
-            assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == 1
-            seconds.append(time.monotonic() - started)
-    return seconds
-
-
 @pytest.mark.parametrize("method", ["PullBatch", "PushExperience"])
 def test_a_thousand_idle_streams_leave_the_buffer_answering(serve, method):
     host, client = serve(prompts=2)
@@ -325,7 +312,7 @@ def test_a_thousand_idle_streams_leave_the_buffer_answering(serve, method):
         opening = make_group(prompt, "w", 0)  # a retry, acknowledged at once: then the stream waits for more
     with idle_streams(host.address, f"/zerobubble.v1.BufferService/{method}", [opening.SerializeToString()] * 1000,
                       client_streaming=method == "PushExperience"):
-        assert statistics.median(health_seconds(host.address)) < 0.1
+        assert statistics.median(health_check_seconds(host.address)) < 0.1
         started = time.monotonic()
         stats = client.stats(timeout=5)
         assert time.monotonic() - started < 1.0 and stats.groups_in == 1
