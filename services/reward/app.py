@@ -1,13 +1,16 @@
-"""Assembles the reward service: worker pool, sandbox, verifiers, scorer, servicer, host."""
+"""Assembles the reward service: worker pool, sandbox, verifiers (built-in, custom, reward model, combined),
+scorer, servicer, host."""
 
 from __future__ import annotations
 
 import logging
 
 from zerobubble.common.server import ServiceHost
-from zerobubble.reward.config import RewardServiceConfig
+from zerobubble.reward.combined import CombinedVerifier
+from zerobubble.reward.config import REWARD_MODEL, RewardServiceConfig
+from zerobubble.reward.custom import CustomVerifier, custom_specs
 from zerobubble.reward.http_server import RewardHttp
-from zerobubble.reward.math_pool import MathVerifierPool
+from zerobubble.reward.math_pool import VerifierPool
 from zerobubble.reward.metrics import RewardMetrics
 from zerobubble.reward.sandbox import CodeSandbox
 from zerobubble.reward.scorer import RewardScorer
@@ -26,16 +29,15 @@ class RewardHost(ServiceHost):
     def __init__(self, config: RewardServiceConfig):
         super().__init__("reward", config.server)
         self.reward_config = config
-        self.pool = MathVerifierPool(config.math.workers, config.math.timeout_seconds)
+        self.pool = VerifierPool(config.math.workers, config.math.timeout_seconds,
+                                 custom_specs(config.custom_verifiers), config.limits.max_answer_bytes)
         self.sandbox = CodeSandbox(config.sandbox)
-        verifiers = {v.name: v for v in (boxed_verifier(self.pool), think_answer_verifier(self.pool))}
-        unavailable = {}
-        isolation = self.sandbox.isolation
-        if isolation.full:
-            verifiers["code"] = CodeVerifier(self.sandbox)
-        else:
-            unavailable["code"] = f"code sandbox unavailable: {isolation.reason}"
-            log.warning("%s; the code verifier is off", unavailable["code"])
+        self.reward_model = None
+        try:
+            verifiers, unavailable = self._verifiers(config)
+        except BaseException:
+            self._close_parts()
+            raise
         metrics = RewardMetrics(self.registry)
         metrics.expose({
             "zerobubble_reward_sandbox_kills": ("program trees killed by the sandbox", lambda: self.sandbox.kills),
@@ -48,8 +50,38 @@ class RewardHost(ServiceHost):
                       "zerobubble.v1.RewardService")
         self.http = RewardHttp(config, self.scorer, self.registry) if config.http.listen else None
 
+    def _verifiers(self, config: RewardServiceConfig) -> tuple[dict, dict[str, str]]:
+        """(name -> verifier, name -> why it is off) of every configured verifier."""
+        verifiers = {v.name: v for v in (boxed_verifier(self.pool), think_answer_verifier(self.pool))}
+        unavailable = {}
+        isolation = self.sandbox.isolation
+        if isolation.full:
+            verifiers["code"] = CodeVerifier(self.sandbox)
+        else:
+            unavailable["code"] = f"code sandbox unavailable: {isolation.reason}"
+            log.warning("%s; the code verifier is off", unavailable["code"])
+        for entry in config.custom_verifiers:
+            verifiers[entry.name] = CustomVerifier(entry, self.pool, config.rewards)
+        if config.reward_model is not None:
+            from zerobubble.reward.reward_model import RewardModelVerifier
+
+            self.reward_model = verifiers[REWARD_MODEL] = RewardModelVerifier(config.reward_model)
+        ground_truths = config.ground_truths()
+        for entry in config.combined_verifiers:
+            off = [part.verifier for part in entry.parts if part.verifier in unavailable]
+            if off:
+                unavailable[entry.name] = f"its part {off[0]!r} is off: {unavailable[off[0]]}"
+            else:
+                verifiers[entry.name] = CombinedVerifier(entry, verifiers, ground_truths[entry.name], config.rewards)
+        return verifiers, unavailable
+
     def start(self) -> RewardHost:
-        self.pool.wait_ready()
+        try:
+            # A custom verifier that does not import stops the start here, naming its entry.
+            self.pool.wait_ready()
+        except BaseException:
+            self._close_parts()
+            raise
         super().start()
         if self.http is not None:
             try:
@@ -64,8 +96,13 @@ class RewardHost(ServiceHost):
             self.http.stop()
         super().stop(grace)
         self.scorer.close()
+        self._close_parts()
+
+    def _close_parts(self) -> None:
         self.pool.close()
         self.sandbox.close()
+        if self.reward_model is not None:
+            self.reward_model.close()
 
 
 def build(config: RewardServiceConfig) -> RewardHost:

@@ -16,12 +16,17 @@ def score_request(
     *,
     id: str = "",
     partial_credit: bool = False,
+    prompt: str = "",
+    metadata: dict | None = None,
 ) -> reward_pb2.ScoreRequest:
-    """Build a request from plain values; test_cases is {"inputs": [...], "outputs": [...]}."""
+    """Build a request from plain values; test_cases is {"inputs": [...], "outputs": [...]}; metadata is a JSON
+    object."""
     request = reward_pb2.ScoreRequest(
-        id=id, verifier=verifier, response=response,
+        id=id, verifier=verifier, response=response, prompt=prompt,
         options=reward_pb2.ScoreOptions(partial_credit=partial_credit),
     )
+    if metadata is not None:
+        request.metadata.update(metadata)
     if gt_answer is not None:
         request.gt_answer = gt_answer
     if test_cases is not None:
@@ -35,9 +40,10 @@ class RewardClient(ServiceClient):
     stub_class = reward_pb2_grpc.RewardServiceStub
 
     def score(self, verifier: str, response: str, gt_answer: str | None = None,
-              test_cases: dict | None = None, *, partial_credit: bool = False,
-              timeout: float | None = None) -> reward_pb2.ScoreResult:
-        request = score_request(verifier, response, gt_answer, test_cases, partial_credit=partial_credit)
+              test_cases: dict | None = None, *, partial_credit: bool = False, prompt: str = "",
+              metadata: dict | None = None, timeout: float | None = None) -> reward_pb2.ScoreResult:
+        request = score_request(verifier, response, gt_answer, test_cases, partial_credit=partial_credit,
+                                prompt=prompt, metadata=metadata)
         return self.unary("Score", request, timeout=timeout)
 
     def score_batch(self, requests: list[reward_pb2.ScoreRequest], *,

@@ -7,6 +7,7 @@ from an event loop, so a caller that waits holds no thread."""
 from __future__ import annotations
 
 import asyncio
+import json
 import reprlib
 import threading
 import time
@@ -19,7 +20,7 @@ from typing import Any
 from zerobubble.common.errors import InvalidInput, Overloaded, TooLarge, Unavailable, check_size
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.reward.metrics import RewardMetrics
-from zerobubble.reward.verifiers import ScoreItem, Verdict
+from zerobubble.reward.verifiers import ScoreItem, Verdict, price
 
 _TIME_LIMITS = {"timeout", "time_limit"}
 
@@ -98,6 +99,18 @@ class FairLane:
             future.cancel()
 
 
+def lane_widths(config: RewardServiceConfig) -> dict[str, int]:
+    """Threads per lane. Math and custom verifiers share the worker processes; the reward model's lane holds
+    two batches of waiting items, so the next batch fills while one runs; a combination waits on its parts'
+    lanes' resources, so it may have as many items going as they have."""
+    widths = {"math": config.math.workers, "code": config.sandbox.slots}
+    if config.reward_model is not None:
+        widths["model"] = 2 * config.reward_model.batch_size
+    if config.combined_verifiers:
+        widths["combined"] = sum(widths.values())
+    return widths
+
+
 class RewardScorer:
     def __init__(self, config: RewardServiceConfig, verifiers: dict, metrics: RewardMetrics,
                  unavailable: dict[str, str] | None = None):
@@ -105,7 +118,7 @@ class RewardScorer:
         self.verifiers = verifiers
         self.unavailable = unavailable or {}
         self.metrics = metrics
-        self._lanes = {"math": FairLane(config.math.workers, "math"), "code": FairLane(config.sandbox.slots, "code")}
+        self._lanes = {name: FairLane(width, name) for name, width in lane_widths(config).items()}
         self._pending = 0
         self._lock = threading.Lock()
         metrics.queue_depth.set_function(lambda: self._pending)
@@ -117,6 +130,10 @@ class RewardScorer:
         limits = self.config.limits
         check_size(item.id, limits.max_id_bytes, f"{where}id", "limits.max_id_bytes")
         check_size(item.response, limits.max_response_bytes, f"{where}response", "limits.max_response_bytes")
+        check_size(item.prompt, limits.max_prompt_bytes, f"{where}prompt", "limits.max_prompt_bytes")
+        if item.metadata is not None:
+            check_size(json.dumps(item.metadata, separators=(",", ":")), limits.max_metadata_bytes,
+                       f"{where}metadata", "limits.max_metadata_bytes")
         if item.verifier in self.unavailable:
             raise Unavailable(self.unavailable[item.verifier], field=f"{where}verifier")
         verifier = self.verifiers.get(item.verifier)
@@ -124,6 +141,8 @@ class RewardScorer:
             known = ", ".join(sorted([*self.verifiers, *self.unavailable]))
             raise InvalidInput(f"unknown verifier {reprlib.repr(item.verifier)} (known: {known})",
                                field=f"{where}verifier")
+        if verifier.ground_truth == "none":
+            return
         if verifier.ground_truth == "gt_answer":
             if not item.gt_answer or not item.gt_answer.strip():
                 raise InvalidInput(f"verifier {item.verifier!r} needs a ground-truth answer", field=f"{where}gt_answer")
@@ -174,10 +193,7 @@ class RewardScorer:
         start = time.perf_counter()
         verdict = verifier.check(item)
         seconds = time.perf_counter() - start
-        rewards = self.config.rewards
-        # Format never adds reward (as in the reference); code with partial credit pays per test.
-        share = verdict.fraction if item.partial_credit else float(verdict.answer_ok)
-        reward = rewards.wrong + (rewards.correct - rewards.wrong) * share
+        reward = price(verdict, self.config.rewards, item.partial_credit)
         outcome = "correct" if verdict.answer_ok else (verdict.reason or "wrong")
         self.metrics.requests.labels(item.verifier, outcome).inc()
         self.metrics.latency.labels(item.verifier).observe(seconds)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from contextlib import aclosing
 
+from google.protobuf import json_format
+
 from zerobubble.common.status import translate_errors
 from zerobubble.reward.scorer import RewardScorer, Score
 from zerobubble.reward.verifiers import ScoreItem
@@ -21,6 +23,8 @@ def to_item(request: reward_pb2.ScoreRequest) -> ScoreItem:
         test_inputs=list(request.test_cases.inputs) if has_tests else None,
         test_outputs=list(request.test_cases.outputs) if has_tests else None,
         partial_credit=request.options.partial_credit,
+        prompt=request.prompt,
+        metadata=json_format.MessageToDict(request.metadata) if request.HasField("metadata") else None,
     )
 
 

@@ -1,11 +1,13 @@
-"""The three verifiers. Each turns one response and its ground truth into a Verdict."""
+"""The built-in verifiers. Each turns one response and its ground truth into a Verdict."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from zerobubble.reward.config import RewardValues
 from zerobubble.reward.extraction import extract_boxed, extract_python, extract_think_answer
-from zerobubble.reward.math_pool import MathVerifierPool
+from zerobubble.reward.math_pool import VerifierPool
 from zerobubble.reward.sandbox import CodeSandbox
 
 
@@ -20,6 +22,8 @@ class ScoreItem:
     test_outputs: list[str] | None = None
     partial_credit: bool = False
     id: str = ""
+    prompt: str = ""
+    metadata: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,16 @@ class Verdict:
     fraction: float = 0.0   # share of tests passed (code) or 1/0 (math)
     tests_passed: int = 0
     tests_total: int = 0
+    reward: float | None = None   # set by verifiers that price their own verdict (custom, reward model)
+
+
+def price(verdict: Verdict, rewards: RewardValues, partial_credit: bool) -> float:
+    """The verdict's reward: its own when it has one, else rewards.correct/wrong. Format never adds reward (as
+    in the reference); code with partial credit pays per test."""
+    if verdict.reward is not None:
+        return verdict.reward
+    share = verdict.fraction if partial_credit else float(verdict.answer_ok)
+    return rewards.wrong + (rewards.correct - rewards.wrong) * share
 
 
 class MathVerifier:
@@ -39,7 +53,7 @@ class MathVerifier:
     ground_truth = "gt_answer"
     lane = "math"
 
-    def __init__(self, name: str, description: str, extract, pool: MathVerifierPool):
+    def __init__(self, name: str, description: str, extract, pool: VerifierPool):
         self.name = name
         self.description = description
         self._extract = extract
@@ -59,11 +73,11 @@ class MathVerifier:
         )
 
 
-def boxed_verifier(pool: MathVerifierPool) -> MathVerifier:
+def boxed_verifier(pool: VerifierPool) -> MathVerifier:
     return MathVerifier("boxed", "math answer in the last \\boxed{...}", extract_boxed, pool)
 
 
-def think_answer_verifier(pool: MathVerifierPool) -> MathVerifier:
+def think_answer_verifier(pool: VerifierPool) -> MathVerifier:
     return MathVerifier(
         "think_answer_tags",
         "math answer in the last <answer>...</answer>; format: <think></think><answer></answer> once each",

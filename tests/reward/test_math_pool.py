@@ -8,7 +8,7 @@ import time
 import pytest
 
 from zerobubble.reward.math_judge import judge, wrap_gold
-from zerobubble.reward.math_pool import MathVerifierPool
+from zerobubble.reward.math_pool import VerifierPool
 
 # Deep power towers make sympy evaluate for a very long time: a genuine hang of the verifier.
 HANGS = ("9^{9^{9^{9}}}-9^{9^{9^{9}}}", "0")
@@ -16,7 +16,7 @@ HANGS = ("9^{9^{9^{9}}}-9^{9^{9^{9}}}", "0")
 
 @pytest.fixture(scope="module")
 def pool():
-    pool = MathVerifierPool(workers=2, timeout_seconds=2.0)
+    pool = VerifierPool(workers=2, timeout_seconds=2.0)
     pool.wait_ready()
     yield pool
     pool.close()

@@ -60,18 +60,20 @@ class TestCases(_message.Message):
     def __init__(self, inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Prompt(_message.Message):
-    __slots__ = ("prompt_id", "epoch", "messages_json", "gt_answer", "test_cases")
+    __slots__ = ("prompt_id", "epoch", "messages_json", "gt_answer", "test_cases", "data_source")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     GT_ANSWER_FIELD_NUMBER: _ClassVar[int]
     TEST_CASES_FIELD_NUMBER: _ClassVar[int]
+    DATA_SOURCE_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     epoch: int
     messages_json: str
     gt_answer: str
     test_cases: TestCases
-    def __init__(self, prompt_id: _Optional[str] = ..., epoch: _Optional[int] = ..., messages_json: _Optional[str] = ..., gt_answer: _Optional[str] = ..., test_cases: _Optional[_Union[TestCases, _Mapping]] = ...) -> None: ...
+    data_source: str
+    def __init__(self, prompt_id: _Optional[str] = ..., epoch: _Optional[int] = ..., messages_json: _Optional[str] = ..., gt_answer: _Optional[str] = ..., test_cases: _Optional[_Union[TestCases, _Mapping]] = ..., data_source: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
     __slots__ = ("response_ids", "behaviour_logprobs", "finish_reason", "reward", "format_ok", "answer_ok", "policy_version", "temperature", "response_text")

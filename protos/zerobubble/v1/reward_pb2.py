@@ -22,32 +22,33 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from zerobubble.v1 import common_pb2 as zerobubble_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1azerobubble/v1/reward.proto\x12\rzerobubble.v1\x1a\x1azerobubble/v1/common.proto\"&\n\x0cScoreOptions\x12\x16\n\x0epartial_credit\x18\x01 \x01(\x08\"\xc1\x01\n\x0cScoreRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x10\n\x08response\x18\x03 \x01(\t\x12\x13\n\tgt_answer\x18\x04 \x01(\tH\x00\x12.\n\ntest_cases\x18\x05 \x01(\x0b\x32\x18.zerobubble.v1.TestCasesH\x00\x12,\n\x07options\x18\x06 \x01(\x0b\x32\x1b.zerobubble.v1.ScoreOptionsB\x0e\n\x0cground_truth\"\xb5\x01\n\x0bScoreResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x02\x12\x11\n\tformat_ok\x18\x03 \x01(\x08\x12\x11\n\tanswer_ok\x18\x04 \x01(\x08\x12\x18\n\x10\x65xtracted_answer\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x14\n\x0ctests_passed\x18\x07 \x01(\x05\x12\x13\n\x0btests_total\x18\x08 \x01(\x05\x12\x0f\n\x07seconds\x18\t \x01(\x01\"?\n\x11ScoreBatchRequest\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.zerobubble.v1.ScoreRequest\">\n\x0fScoreBatchReply\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.zerobubble.v1.ScoreResult\"\x16\n\x14ListVerifiersRequest\"v\n\x0cVerifierInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x11\n\tavailable\x18\x04 \x01(\x08\x12\x1a\n\x12unavailable_reason\x18\x05 \x01(\t\"r\n\x12ListVerifiersReply\x12.\n\tverifiers\x18\x01 \x03(\x0b\x32\x1b.zerobubble.v1.VerifierInfo\x12\x16\n\x0e\x63orrect_reward\x18\x02 \x01(\x02\x12\x14\n\x0cwrong_reward\x18\x03 \x01(\x02\x32\xc6\x02\n\rRewardService\x12@\n\x05Score\x12\x1b.zerobubble.v1.ScoreRequest\x1a\x1a.zerobubble.v1.ScoreResult\x12N\n\nScoreBatch\x12 .zerobubble.v1.ScoreBatchRequest\x1a\x1e.zerobubble.v1.ScoreBatchReply\x12J\n\x0bScoreStream\x12\x1b.zerobubble.v1.ScoreRequest\x1a\x1a.zerobubble.v1.ScoreResult(\x01\x30\x01\x12W\n\rListVerifiers\x12#.zerobubble.v1.ListVerifiersRequest\x1a!.zerobubble.v1.ListVerifiersReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1azerobubble/v1/reward.proto\x12\rzerobubble.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1azerobubble/v1/common.proto\"&\n\x0cScoreOptions\x12\x16\n\x0epartial_credit\x18\x01 \x01(\x08\"\xfc\x01\n\x0cScoreRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x10\n\x08response\x18\x03 \x01(\t\x12\x13\n\tgt_answer\x18\x04 \x01(\tH\x00\x12.\n\ntest_cases\x18\x05 \x01(\x0b\x32\x18.zerobubble.v1.TestCasesH\x00\x12,\n\x07options\x18\x06 \x01(\x0b\x32\x1b.zerobubble.v1.ScoreOptions\x12\x0e\n\x06prompt\x18\x07 \x01(\t\x12)\n\x08metadata\x18\x08 \x01(\x0b\x32\x17.google.protobuf.StructB\x0e\n\x0cground_truth\"\xb5\x01\n\x0bScoreResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x02\x12\x11\n\tformat_ok\x18\x03 \x01(\x08\x12\x11\n\tanswer_ok\x18\x04 \x01(\x08\x12\x18\n\x10\x65xtracted_answer\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x14\n\x0ctests_passed\x18\x07 \x01(\x05\x12\x13\n\x0btests_total\x18\x08 \x01(\x05\x12\x0f\n\x07seconds\x18\t \x01(\x01\"?\n\x11ScoreBatchRequest\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.zerobubble.v1.ScoreRequest\">\n\x0fScoreBatchReply\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.zerobubble.v1.ScoreResult\"\x16\n\x14ListVerifiersRequest\"v\n\x0cVerifierInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x11\n\tavailable\x18\x04 \x01(\x08\x12\x1a\n\x12unavailable_reason\x18\x05 \x01(\t\"r\n\x12ListVerifiersReply\x12.\n\tverifiers\x18\x01 \x03(\x0b\x32\x1b.zerobubble.v1.VerifierInfo\x12\x16\n\x0e\x63orrect_reward\x18\x02 \x01(\x02\x12\x14\n\x0cwrong_reward\x18\x03 \x01(\x02\x32\xc6\x02\n\rRewardService\x12@\n\x05Score\x12\x1b.zerobubble.v1.ScoreRequest\x1a\x1a.zerobubble.v1.ScoreResult\x12N\n\nScoreBatch\x12 .zerobubble.v1.ScoreBatchRequest\x1a\x1e.zerobubble.v1.ScoreBatchReply\x12J\n\x0bScoreStream\x12\x1b.zerobubble.v1.ScoreRequest\x1a\x1a.zerobubble.v1.ScoreResult(\x01\x30\x01\x12W\n\rListVerifiers\x12#.zerobubble.v1.ListVerifiersRequest\x1a!.zerobubble.v1.ListVerifiersReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'zerobubble.v1.reward_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SCOREOPTIONS']._serialized_start=73
-  _globals['_SCOREOPTIONS']._serialized_end=111
-  _globals['_SCOREREQUEST']._serialized_start=114
-  _globals['_SCOREREQUEST']._serialized_end=307
-  _globals['_SCORERESULT']._serialized_start=310
-  _globals['_SCORERESULT']._serialized_end=491
-  _globals['_SCOREBATCHREQUEST']._serialized_start=493
-  _globals['_SCOREBATCHREQUEST']._serialized_end=556
-  _globals['_SCOREBATCHREPLY']._serialized_start=558
-  _globals['_SCOREBATCHREPLY']._serialized_end=620
-  _globals['_LISTVERIFIERSREQUEST']._serialized_start=622
-  _globals['_LISTVERIFIERSREQUEST']._serialized_end=644
-  _globals['_VERIFIERINFO']._serialized_start=646
-  _globals['_VERIFIERINFO']._serialized_end=764
-  _globals['_LISTVERIFIERSREPLY']._serialized_start=766
-  _globals['_LISTVERIFIERSREPLY']._serialized_end=880
-  _globals['_REWARDSERVICE']._serialized_start=883
-  _globals['_REWARDSERVICE']._serialized_end=1209
+  _globals['_SCOREOPTIONS']._serialized_start=103
+  _globals['_SCOREOPTIONS']._serialized_end=141
+  _globals['_SCOREREQUEST']._serialized_start=144
+  _globals['_SCOREREQUEST']._serialized_end=396
+  _globals['_SCORERESULT']._serialized_start=399
+  _globals['_SCORERESULT']._serialized_end=580
+  _globals['_SCOREBATCHREQUEST']._serialized_start=582
+  _globals['_SCOREBATCHREQUEST']._serialized_end=645
+  _globals['_SCOREBATCHREPLY']._serialized_start=647
+  _globals['_SCOREBATCHREPLY']._serialized_end=709
+  _globals['_LISTVERIFIERSREQUEST']._serialized_start=711
+  _globals['_LISTVERIFIERSREQUEST']._serialized_end=733
+  _globals['_VERIFIERINFO']._serialized_start=735
+  _globals['_VERIFIERINFO']._serialized_end=853
+  _globals['_LISTVERIFIERSREPLY']._serialized_start=855
+  _globals['_LISTVERIFIERSREPLY']._serialized_end=969
+  _globals['_REWARDSERVICE']._serialized_start=972
+  _globals['_REWARDSERVICE']._serialized_end=1298
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from google.protobuf import struct_pb2 as _struct_pb2
 from zerobubble.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -14,20 +15,24 @@ class ScoreOptions(_message.Message):
     def __init__(self, partial_credit: _Optional[bool] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("id", "verifier", "response", "gt_answer", "test_cases", "options")
+    __slots__ = ("id", "verifier", "response", "gt_answer", "test_cases", "options", "prompt", "metadata")
     ID_FIELD_NUMBER: _ClassVar[int]
     VERIFIER_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     GT_ANSWER_FIELD_NUMBER: _ClassVar[int]
     TEST_CASES_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     id: str
     verifier: str
     response: str
     gt_answer: str
     test_cases: _common_pb2.TestCases
     options: ScoreOptions
-    def __init__(self, id: _Optional[str] = ..., verifier: _Optional[str] = ..., response: _Optional[str] = ..., gt_answer: _Optional[str] = ..., test_cases: _Optional[_Union[_common_pb2.TestCases, _Mapping]] = ..., options: _Optional[_Union[ScoreOptions, _Mapping]] = ...) -> None: ...
+    prompt: str
+    metadata: _struct_pb2.Struct
+    def __init__(self, id: _Optional[str] = ..., verifier: _Optional[str] = ..., response: _Optional[str] = ..., gt_answer: _Optional[str] = ..., test_cases: _Optional[_Union[_common_pb2.TestCases, _Mapping]] = ..., options: _Optional[_Union[ScoreOptions, _Mapping]] = ..., prompt: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ScoreResult(_message.Message):
     __slots__ = ("id", "reward", "format_ok", "answer_ok", "extracted_answer", "reason", "tests_passed", "tests_total", "seconds")
