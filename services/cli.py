@@ -108,11 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(run=cmd_config)
 
     score = sub.add_parser("score", help="score one completion or a JSONL file of them")
-    score.add_argument("--verifier", default="boxed", help="boxed, think_answer_tags or code")
+    score.add_argument("--verifier", default="boxed", help="boxed, think_answer_tags, code, or one the service's "
+                       "config adds (custom, reward_model, combined)")
     score.add_argument("--gt", help="ground-truth answer (math verifiers)")
     score.add_argument("--tests", type=Path, help='JSON file {"inputs": [...], "outputs": [...]} (code)')
     score.add_argument("--response", help="the completion (default: read standard input)")
-    score.add_argument("--file", type=Path, help="JSONL rows {verifier, response, gt_answer | test_cases}")
+    score.add_argument("--prompt", default="", help="the prompt it answers (the reward model reads it)")
+    score.add_argument("--file", type=Path, help="JSONL rows {verifier, response, gt_answer | test_cases, prompt, "
+                       "metadata}")
     score.add_argument("--json", action="store_true", help="one JSON object per row instead of a table")
     score.add_argument("--partial-credit", action="store_true", help="code: reward the fraction of tests passed")
     score.add_argument("--server", help="HOST:PORT of a running reward service (default: start one here)")

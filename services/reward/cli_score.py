@@ -18,7 +18,7 @@ _FIELDS = ("reward", "format_ok", "answer_ok", "extracted_answer", "reason")
 def _read_rows(args) -> list[dict]:
     if args.file is None:
         response = args.response if args.response is not None else sys.stdin.read()
-        row = {"verifier": args.verifier, "response": response}
+        row = {"verifier": args.verifier, "response": response, "prompt": args.prompt}
         if args.gt is not None:
             row["gt_answer"] = args.gt
         if args.tests is not None:
@@ -34,6 +34,8 @@ def _read_rows(args) -> list[dict]:
             raise SystemExit(f"zerobubble score: {args.file} line {number}: not JSON ({exc})") from None
         if not isinstance(row, dict) or "response" not in row:
             raise SystemExit(f"zerobubble score: {args.file} line {number}: expected an object with 'response'")
+        if not isinstance(row.get("metadata", {}), dict):
+            raise SystemExit(f"zerobubble score: {args.file} line {number}: metadata: expected an object")
         rows.append(row)
     return rows
 
@@ -41,7 +43,7 @@ def _read_rows(args) -> list[dict]:
 def _request(row: dict, index: int, partial_credit: bool):
     return score_request(
         row.get("verifier", "boxed"), row["response"], row.get("gt_answer"), row.get("test_cases"),
-        id=str(index), partial_credit=partial_credit,
+        id=str(index), partial_credit=partial_credit, prompt=row.get("prompt", ""), metadata=row.get("metadata"),
     )
 
 

@@ -168,12 +168,14 @@ def openrlhf_request(body: Any, verifier: str, ground_truth: str) -> Parsed:
     for key, values in (("prompts", prompts), ("labels", labels)):
         if len(values) != count:
             raise InvalidInput(f"{len(values)} entries for {count} queries", field=key)
-    items = [
-        ScoreItem(verifier=verifier, response=_response_of(query, _text(prompt, f"prompts[{i}]")),
-                  id=str(i), **_ground_truth(label, ground_truth, f"labels[{i}]"))
-        for i, (query, prompt, label) in enumerate(zip(queries, prompts, labels, strict=True))
-    ]
-    return Parsed(items, _fields({"response": "query", "gt_answer": "labels", "test_cases": "labels"}, "query"))
+    items = []
+    for i, (query, prompt, label) in enumerate(zip(queries, prompts, labels, strict=True)):
+        prompt = _text(prompt, f"prompts[{i}]")
+        response = _response_of(query, prompt)
+        items.append(ScoreItem(verifier=verifier, response=response, prompt=query[:len(query) - len(response)],
+                               id=str(i), **_ground_truth(label, ground_truth, f"labels[{i}]")))
+    return Parsed(items, _fields({"response": "query", "prompt": "prompts", "gt_answer": "labels",
+                                  "test_cases": "labels"}, "query"))
 
 
 def _share(score: Score, rewards: RewardValues) -> float:
@@ -198,10 +200,11 @@ def openrlhf_reply(scores: list[Score], rewards: RewardValues) -> dict:
 def slime_request(body: Any, verifier: str, ground_truth: str) -> Parsed:
     body = _object(body)
     prompt = body.get("prompt")
-    # slime's prompt is text or chat messages; scoring reads only the response.
+    # slime's prompt is text or chat messages; the reward model reads it when it is text.
     if prompt is not None and not isinstance(prompt, str | list):
         raise InvalidInput(f"expected text or a list of messages, got {type(prompt).__name__}", field="prompt")
     item = ScoreItem(verifier=verifier, response=_text(body.get("response"), "response"),
+                     prompt=prompt if isinstance(prompt, str) else "",
                      **_ground_truth(body.get("label"), ground_truth, "label"))
     return Parsed([item], _fields({"gt_answer": "label", "test_cases": "label"}, None))
 
