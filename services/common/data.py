@@ -99,6 +99,8 @@ class PromptRow:
         else:
             prompt.test_cases.inputs.extend(self.test_inputs)
             prompt.test_cases.outputs.extend(self.test_outputs)
+        if self.data_source is not None:
+            prompt.data_source = self.data_source
         return prompt
 
 

@@ -15,7 +15,7 @@ from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engines import make_engine
 from zerobubble.rollout.evaluation import Evaluator
 from zerobubble.rollout.metrics import RolloutMetrics
-from zerobubble.rollout.prompting import PromptBuilder, system_prompt
+from zerobubble.rollout.prompting import RoutedPrompts
 from zerobubble.trainer.checkpoints import STATE_FILE, latest_checkpoint
 
 
@@ -32,13 +32,13 @@ def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_service: ClientCo
     # Sample exactly as the first worker's periodic evaluation does, so the figures compare.
     rollout = load_config(RolloutServiceConfig, run_dir / "configs" / "rollout-0.yaml")
     engine = make_engine("transformers", checkpoint, device="cpu", dtype="fp32", seed=rollout.generation.seed)
-    prompts = PromptBuilder(engine.tokenizer, system_prompt(rollout.reward.verifier, rollout.reward.system_prompt),
+    prompts = RoutedPrompts(engine.tokenizer, rollout.reward, rollout.reward.system_prompt,
                             rollout.generation.max_prompt_tokens)
     # The first worker's spec of the held-out set carries its split and column mapping.
     heldout = rollout.eval.datasets.get("heldout", DataSpec(path=eval_data))
     eval_config = rollout.eval.model_copy(update={"datasets": {"heldout": heldout}})
     with RewardClient(reward_service) as reward:
-        evaluator = Evaluator(eval_config, prompts=prompts, reward=reward, verifier=rollout.reward.verifier,
+        evaluator = Evaluator(eval_config, prompts=prompts, reward=reward,
                               metrics=RolloutMetrics(CollectorRegistry()),
                               max_new_tokens=up.pipeline.max_new_tokens, stop=tuple(rollout.generation.stop),
                               seed=rollout.generation.seed)

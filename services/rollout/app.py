@@ -53,7 +53,7 @@ class RolloutHost(ServiceHost):
                                     receiver=self.receiver)
         if config.eval.datasets:
             self.worker.evaluator = Evaluator(
-                config.eval, prompts=self.worker.prompts, reward=self.reward, verifier=config.reward.verifier,
+                config.eval, prompts=self.worker.routed, reward=self.reward,
                 metrics=metrics, max_new_tokens=config.generation.max_new_tokens,
                 stop=tuple(config.generation.stop), seed=config.generation.seed,
             )

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from zerobubble.common.config import ClientConfig, Schema, ServerConfig
 from zerobubble.common.data import DataSpec
+from zerobubble.common.routing import VerifierRouting
 
 
 def _default_worker_id() -> str:
@@ -54,9 +55,9 @@ class RequestLimits(Schema):
                            "more are refused with RESOURCE_EXHAUSTED")
 
 
-class RewardConfig(Schema):
-    verifier: Literal["boxed", "think_answer_tags", "code"] = "boxed"
-    system_prompt: str | None = Field(None, description="default: the reference's prompt for the verifier")
+class RewardConfig(VerifierRouting):
+    system_prompt: str | None = Field(None, description="default: the reference's prompt for each row's verifier "
+                                      "(none for verifiers the reward service's config adds)")
     partial_credit: bool = Field(False, description="code: reward the fraction of tests passed")
 
 

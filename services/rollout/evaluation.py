@@ -15,7 +15,7 @@ from zerobubble.rollout.config import EvalConfig
 from zerobubble.rollout.engine import Engine, SamplingSettings
 from zerobubble.rollout.experience import score_requests
 from zerobubble.rollout.metrics import RolloutMetrics
-from zerobubble.rollout.prompting import PromptBuilder
+from zerobubble.rollout.prompting import RoutedPrompts
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +28,11 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
 
 
 class Evaluator:
-    def __init__(self, config: EvalConfig, *, prompts: PromptBuilder, reward: RewardClient, verifier: str,
+    def __init__(self, config: EvalConfig, *, prompts: RoutedPrompts, reward: RewardClient,
                  metrics: RolloutMetrics, max_new_tokens: int, stop: tuple[str, ...] = (), seed: int = 0):
         self.config = config
         self.prompts = prompts
         self.reward = reward
-        self.verifier = verifier
         self.metrics = metrics
         self.sampling = SamplingSettings(n=config.samples_per_prompt, temperature=config.temperature,
                                          max_new_tokens=max_new_tokens, stop=stop, seed=seed)
@@ -62,8 +61,9 @@ class Evaluator:
         started = time.monotonic()
         rows = self.datasets[name][: self.config.max_prompts]
         prompts = [row.to_message(epoch=0) for row in rows]
-        samples = engine.generate([self.prompts.build(p.messages_json) for p in prompts], self.sampling)
-        requests = [r for p, s in zip(prompts, samples, strict=True) for r in score_requests(self.verifier, p, s)]
+        samples = engine.generate([self.prompts.build(p) for p in prompts], self.sampling)
+        requests = [r for p, s in zip(prompts, samples, strict=True)
+                    for r in score_requests(self.prompts.verifier(p), p, s)]
         scores = iter(self.reward.score_batch(requests))
         n, k = self.sampling.n, self.sampling.n
         directory = self.config.output_dir / name

@@ -15,16 +15,20 @@ FINISH_REASONS = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FI
 
 
 def score_requests(verifier: str, prompt: common_pb2.Prompt, samples: Sequence[Sample], *,
-                   partial_credit: bool = False) -> list[reward_pb2.ScoreRequest]:
-    """One request per sample, carrying the prompt's ground truth (an answer or test cases)."""
+                   partial_credit: bool = False, prompt_text: str = "") -> list[reward_pb2.ScoreRequest]:
+    """One request per sample, carrying the prompt's ground truth (an answer or test cases), the prompt as the
+    model saw it (`prompt_text`, for a reward model) and the row's id and data source (for custom verifiers)."""
     kind = prompt.WhichOneof("ground_truth")
     tests = None
     if kind == "test_cases":
         tests = {"inputs": list(prompt.test_cases.inputs), "outputs": list(prompt.test_cases.outputs)}
     gt_answer = prompt.gt_answer if kind == "gt_answer" else None
+    metadata = {"prompt_id": prompt.prompt_id}
+    if prompt.HasField("data_source"):
+        metadata["data_source"] = prompt.data_source
     return [
         score_request(verifier, sample.text, gt_answer, tests, id=f"{prompt.prompt_id}/{i}",
-                      partial_credit=partial_credit)
+                      partial_credit=partial_credit, prompt=prompt_text, metadata=metadata)
         for i, sample in enumerate(samples)
     ]
 

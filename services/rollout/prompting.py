@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from zerobubble.common.routing import VerifierRouting
+from zerobubble.v1 import common_pb2
+
 # The reference's default system prompt per reward type (Colossal-RL README, "reward types").
 SYSTEM_PROMPTS = {
     "boxed": "Please reason step by step, and put your final answer within \\boxed{}.",
@@ -20,8 +23,8 @@ SYSTEM_PROMPTS = {
 
 
 def system_prompt(verifier: str, override: str | None) -> str:
-    """The configured system prompt, or the reference's default for the verifier."""
-    return SYSTEM_PROMPTS[verifier] if override is None else override
+    """The configured system prompt, or the reference's default for the verifier (none for others)."""
+    return SYSTEM_PROMPTS.get(verifier, "") if override is None else override
 
 
 class PromptTooLong(ValueError):
@@ -85,3 +88,20 @@ class PromptBuilder:
             f"more than generation.max_prompt_tokens={self.max_prompt_tokens} tokens even without the content of "
             "its last user message (the chat template, the system prompt and any other messages take that alone)"
         )
+
+
+class RoutedPrompts:
+    """Each leased prompt's verifier, chosen by its data source, and its token ids built with that verifier's
+    system prompt. `default` is the builder of the default verifier, for prompts that come without a row."""
+
+    def __init__(self, tokenizer, routing: VerifierRouting, override: str | None, max_prompt_tokens: int):
+        self.routing = routing
+        self._builders = {verifier: PromptBuilder(tokenizer, system_prompt(verifier, override), max_prompt_tokens)
+                          for verifier in routing.verifiers()}
+        self.default = self._builders[routing.verifier]
+
+    def verifier(self, prompt: common_pb2.Prompt) -> str:
+        return self.routing.verifier_for(prompt.data_source if prompt.HasField("data_source") else None)
+
+    def build(self, prompt: common_pb2.Prompt) -> list[int]:
+        return self._builders[self.verifier(prompt)].build(prompt.messages_json)

@@ -23,7 +23,7 @@ from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
 from zerobubble.rollout.experience import experience_group, score_requests
 from zerobubble.rollout.metrics import RolloutMetrics
-from zerobubble.rollout.prompting import PromptBuilder, system_prompt
+from zerobubble.rollout.prompting import RoutedPrompts
 from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,9 @@ class RolloutWorker:
         self.metrics = metrics
         self.receiver = receiver
         self.evaluator = evaluator
-        prompt = system_prompt(config.reward.verifier, config.reward.system_prompt)
-        self.prompts = PromptBuilder(engine.tokenizer, prompt, config.generation.max_prompt_tokens)
+        self.routed = RoutedPrompts(engine.tokenizer, config.reward, config.reward.system_prompt,
+                                    config.generation.max_prompt_tokens)
+        self.prompts = self.routed.default
         # One engine, shared with the Generate RPC: whoever holds this lock is generating or loading weights.
         self.engine_lock = threading.Lock()
         self.stopping = threading.Event()
@@ -165,7 +166,7 @@ class RolloutWorker:
             max_new_tokens=gen.max_new_tokens, stop=tuple(gen.stop), seed=gen.seed + self._batches,
         )
         self._batches += 1
-        prompt_ids = [self.prompts.build(p.messages_json) for p in lease.prompts]
+        prompt_ids = [self.routed.build(p) for p in lease.prompts]
         started = time.monotonic()
         with self.engine_lock:
             samples = self.engine.generate(prompt_ids, sampling)
@@ -190,9 +191,11 @@ class RolloutWorker:
                 self.stopping.set()
 
     def _finish(self, batch: GeneratedBatch) -> None:
-        verifier, partial = self.config.reward.verifier, self.config.reward.partial_credit
-        requests = [score_requests(verifier, prompt, samples, partial_credit=partial)
-                    for prompt, samples in zip(batch.lease.prompts, batch.samples, strict=True)]
+        partial, decode = self.config.reward.partial_credit, self.engine.tokenizer.decode
+        requests = [score_requests(self.routed.verifier(prompt), prompt, samples, partial_credit=partial,
+                                   prompt_text=decode(ids))
+                    for prompt, ids, samples in zip(batch.lease.prompts, batch.prompt_ids, batch.samples,
+                                                    strict=True)]
         flat = [r for per_prompt in requests for r in per_prompt]
         started = time.monotonic()
         results = self._persist(lambda: self.reward.score_batch(flat), "score")
