@@ -162,9 +162,13 @@ class RewardServiceConfig(Schema):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     limits: LimitsConfig = LimitsConfig()
     http: HttpConfig = HttpConfig()
-    custom_verifiers: list[CustomVerifierConfig] = Field(default_factory=list)
+    custom_verifiers: list[CustomVerifierConfig] = Field(default_factory=list, description="verifiers the user "
+                                                         "brings: [{name, function: module:callable, "
+                                                         "ground_truth, path}] (README)")
     reward_model: RewardModelConfig | None = Field(None, description="adds the reward_model verifier; null: none")
-    combined_verifiers: list[CombinedVerifierConfig] = Field(default_factory=list)
+    combined_verifiers: list[CombinedVerifierConfig] = Field(default_factory=list, description="weighted sums of "
+                                                             "other verifiers: [{name, parts: [{verifier, "
+                                                             "weight}]}]")
 
     @model_validator(mode="after")
     def _rewards_ordered(self) -> RewardServiceConfig:
