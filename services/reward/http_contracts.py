@@ -142,7 +142,8 @@ def score_request(body: Any) -> tuple[Parsed, bool]:
         raise InvalidInput(str(exc), field=_parse_error_field(str(exc))) from None
     requests = list(message.items) if batch else [message]
     rename = (lambda field: field) if batch else _fields({}, None)
-    return Parsed([to_item(request) for request in requests], rename), batch
+    items = [to_item(request, f"items[{i}]." if batch else "") for i, request in enumerate(requests)]
+    return Parsed(items, rename), batch
 
 
 def score_reply(scores: list[Score], batch: bool) -> dict:

@@ -7,13 +7,14 @@ from contextlib import aclosing
 
 from google.protobuf import json_format
 
+from zerobubble.common.errors import InvalidInput
 from zerobubble.common.status import translate_errors
 from zerobubble.reward.scorer import RewardScorer, Score
 from zerobubble.reward.verifiers import ScoreItem
 from zerobubble.v1 import reward_pb2, reward_pb2_grpc
 
 
-def to_item(request: reward_pb2.ScoreRequest) -> ScoreItem:
+def to_item(request: reward_pb2.ScoreRequest, where: str = "") -> ScoreItem:
     has_tests = request.HasField("test_cases")
     return ScoreItem(
         id=request.id,
@@ -24,8 +25,17 @@ def to_item(request: reward_pb2.ScoreRequest) -> ScoreItem:
         test_outputs=list(request.test_cases.outputs) if has_tests else None,
         partial_credit=request.options.partial_credit,
         prompt=request.prompt,
-        metadata=json_format.MessageToDict(request.metadata) if request.HasField("metadata") else None,
+        metadata=metadata_dict(request, where),
     )
+
+
+def metadata_dict(request: reward_pb2.ScoreRequest, where: str) -> dict | None:
+    if not request.HasField("metadata"):
+        return None
+    try:
+        return json_format.MessageToDict(request.metadata)
+    except ValueError as error:  # a Struct may carry NaN or infinity, which JSON (and so the callables) cannot hold
+        raise InvalidInput(f"not representable as JSON ({error})", field=f"{where}metadata") from None
 
 
 def to_result(score: Score) -> reward_pb2.ScoreResult:
@@ -54,7 +64,8 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
     @translate_errors
     async def ScoreBatch(self, request, context):
-        scores = await self.scorer.score_batch([to_item(r) for r in request.items])
+        scores = await self.scorer.score_batch(
+            [to_item(r, f"items[{i}].") for i, r in enumerate(request.items)])
         return reward_pb2.ScoreBatchReply(results=[to_result(s) for s in scores])
 
     @translate_errors

@@ -159,6 +159,18 @@ def test_missing_ground_truth_is_refused_by_name(client):
     assert "test_cases" in caught.value.details()
 
 
+def test_metadata_json_cannot_hold_is_refused_by_name(client):
+    # A Struct carries any double, but NaN has no JSON form for the callable to receive.
+    good = score_request("exact", "7", "7", metadata={"level": 1.0})
+    bad = score_request("exact", "7", "7")
+    bad.metadata.update({"level": float("nan")})
+    with pytest.raises(grpc.RpcError) as caught:
+        client.score_batch([good, bad])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("items[1].metadata:")
+    assert client.score_batch([good])[0].answer_ok
+
+
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_callable_gets_a_reason_and_the_service_goes_on(client, name):
     result = client.score(name, "anything")
