@@ -104,22 +104,16 @@ BENCHES = {
     "data": ("zerobubble.launcher.bench_data", "a large prompt set's load: rows/s and peak memory per format"),
 }
 
-
-def _import_command_module(name: str):
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] in ("torch", "transformers", "safetensors"):
-            raise SystemExit(f"zerobubble: this command needs {exc.name}, which comes with the train extra: "
-                             "pip install 'zerobubble[train]'") from None
-        raise
+# What the train extra brings: a command that needs one of these on a light install says which extra to add.
+TRAIN_EXTRA_MODULES = frozenset({"torch", "transformers", "safetensors", "jinja2", "numpy", "isal", "matplotlib",
+                                 "pyarrow", "datasets", "peft"})
 
 
 def _add_lazy(subparsers, table: dict[str, tuple[str, str]], chosen: str | None, register: str) -> None:
     """Adds every command of `table`: the chosen one through its module's own `register`, the others as names with
     their summary (enough for the command list; a command is only parsed in full when it runs)."""
     if chosen in table:
-        getattr(_import_command_module(table[chosen][0]), register)(subparsers)
+        getattr(importlib.import_module(table[chosen][0]), register)(subparsers)
     for name, (_module, summary) in table.items():
         if name not in subparsers.choices:
             subparsers.add_parser(name, help=summary)
@@ -189,12 +183,18 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
-    setup_logging(args.log_level)
     try:
+        args = build_parser(argv).parse_args(argv)
+        setup_logging(args.log_level)
         return args.run(args)
     except ConfigError as exc:
         print(f"zerobubble: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in TRAIN_EXTRA_MODULES:
+            raise
+        print(f"zerobubble: this command needs {exc.name}, which the train extra brings: "
+              "pip install 'zerobubble[train]'", file=sys.stderr)
         return 2
 
 
