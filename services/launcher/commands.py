@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from zerobubble.common.config import ConfigError, load_config, parse_override
+from zerobubble.configs import DEMO as DEMO_CONFIG
 from zerobubble.launcher.config import UpConfig
 from zerobubble.launcher.reference_flags import add_reference_flags, reference_overrides
-
-DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
 
 def up_config(args) -> UpConfig:
@@ -24,8 +23,8 @@ def up_config(args) -> UpConfig:
         if not path.exists():
             raise ConfigError(f"--resume {args.resume}: no run there ({path} is missing)")
         return load_config(UpConfig, path, overrides)
-    path = args.config or (DEMO_CONFIG if DEMO_CONFIG.exists() else None)
-    return load_config(UpConfig, path, overrides)
+    # A missing file (the demo's included) is an error from load_config, never a run on the schema's defaults.
+    return load_config(UpConfig, args.config or DEMO_CONFIG, overrides)
 
 
 def cmd_up(args) -> int:
@@ -36,7 +35,7 @@ def cmd_up(args) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("up", help="run the whole pipeline on this machine (default: the tiny CPU demo)")
-    parser.add_argument("--config", type=Path, help="a run config (default: configs/demo.yaml)")
+    parser.add_argument("--config", type=Path, help="a run config (default: the demo, zerobubble/configs/demo.yaml)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a field, e.g. pipeline.rollout_workers=2 or trainer.max_steps=10")
     parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a stopped run")

@@ -1,5 +1,6 @@
 import pytest
 
+from zerobubble import configs
 from zerobubble.common.config import ConfigError, ServerConfig, load_config
 from zerobubble.reward.config import RewardServiceConfig
 
@@ -65,7 +66,7 @@ def test_shipped_config_files_validate():
     root = Path(__file__).resolve().parents[2]
     schemas = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "rollout": RolloutServiceConfig,
                "trainer": TrainerServiceConfig, "demo": UpConfig, "up": UpConfig}
-    files = sorted([*root.glob("configs/*.yaml"), *root.glob("deploy/hosts/*.yaml")])
+    files = sorted([*configs.DIRECTORY.glob("*.yaml"), *root.glob("deploy/hosts/*.yaml")])
     assert files
     for path in files:
         service = path.stem.split("-")[0]

@@ -4,15 +4,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 STUBS = ROOT / "protos" / "zerobubble" / "v1"
+# The stubs' generator: the lowest grpcio-tools the package supports, in an environment of its own (`make protos`).
+PROTOC_PYTHON = ROOT / ".venv-protoc" / "bin" / "python"
 
 
 def test_stubs_are_fresh(tmp_path):
     protos = sorted(STUBS.glob("*.proto"))
     assert {p.stem for p in protos} == {"common", "reward", "buffer", "rollout", "trainer"}
+    if not PROTOC_PYTHON.exists():
+        pytest.fail(f"{PROTOC_PYTHON} is missing: `make protoc-env` makes it")
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'protos'}", f"--python_out={tmp_path}",
+        [str(PROTOC_PYTHON), "-m", "grpc_tools.protoc", f"-I{ROOT / 'protos'}", f"--python_out={tmp_path}",
          f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", *map(str, protos)],
         check=True,
     )

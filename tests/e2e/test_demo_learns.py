@@ -14,6 +14,8 @@ from pathlib import Path
 
 from e2e_helpers import metrics_rows, service_env
 
+from zerobubble.configs import DEMO as DEMO_CONFIG
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 60
 INTERRUPT_AFTER = 20
@@ -27,7 +29,7 @@ def up(run_dir: Path, *extra: str) -> subprocess.Popen:
         "run_dir": run_dir, "trainer.max_steps": STEPS, "trainer.checkpoint.interval_steps": 10,
         "rollout.eval.interval": 1000, "rollout.eval.samples_per_prompt": EVAL_SAMPLES,
     }
-    command = [sys.executable, "-m", "zerobubble.cli", "up", "--config", str(REPO / "configs" / "demo.yaml"),
+    command = [sys.executable, "-m", "zerobubble.cli", "up", "--config", str(DEMO_CONFIG),
                *(f"--set={key}={value}" for key, value in settings.items()), *extra]
     return launch(command)
 

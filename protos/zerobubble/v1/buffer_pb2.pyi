@@ -3,8 +3,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -43,7 +42,7 @@ class LeaseReply(_message.Message):
     policy_version: int
     epoch_size: int
     epoch_finished: int
-    def __init__(self, lease_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[_common_pb2.Prompt, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ..., end_of_data: _Optional[bool] = ..., policy_version: _Optional[int] = ..., epoch_size: _Optional[int] = ..., epoch_finished: _Optional[int] = ...) -> None: ...
+    def __init__(self, lease_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[_common_pb2.Prompt, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ..., end_of_data: bool = ..., policy_version: _Optional[int] = ..., epoch_size: _Optional[int] = ..., epoch_finished: _Optional[int] = ...) -> None: ...
 
 class CompleteLeaseRequest(_message.Message):
     __slots__ = ("lease_id", "prompt_ids")
@@ -73,7 +72,7 @@ class PushAck(_message.Message):
     code: int
     error: str
     not_stored: NotStored
-    def __init__(self, producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., stored: _Optional[bool] = ..., filtered: _Optional[str] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., not_stored: _Optional[_Union[NotStored, str]] = ...) -> None: ...
+    def __init__(self, producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., stored: bool = ..., filtered: _Optional[str] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., not_stored: _Optional[_Union[NotStored, str]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("rank", "world_size", "max_groups", "wait_seconds")
@@ -95,7 +94,7 @@ class PulledGroup(_message.Message):
     group: _common_pb2.ExperienceGroup
     delivery: int
     end_of_data: bool
-    def __init__(self, group: _Optional[_Union[_common_pb2.ExperienceGroup, _Mapping]] = ..., delivery: _Optional[int] = ..., end_of_data: _Optional[bool] = ...) -> None: ...
+    def __init__(self, group: _Optional[_Union[_common_pb2.ExperienceGroup, _Mapping]] = ..., delivery: _Optional[int] = ..., end_of_data: bool = ...) -> None: ...
 
 class AcknowledgeRequest(_message.Message):
     __slots__ = ("deliveries",)
@@ -115,7 +114,7 @@ class CommitRequest(_message.Message):
     RESUME_FIELD_NUMBER: _ClassVar[int]
     delivery: int
     resume: bool
-    def __init__(self, delivery: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
+    def __init__(self, delivery: _Optional[int] = ..., resume: bool = ...) -> None: ...
 
 class CommitReply(_message.Message):
     __slots__ = ()
@@ -161,4 +160,4 @@ class StatsReply(_message.Message):
     end_of_data: bool
     unacknowledged: int
     returned: int
-    def __init__(self, queued_groups: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., groups_in: _Optional[int] = ..., groups_out: _Optional[int] = ..., filtered: _Optional[int] = ..., stale_dropped: _Optional[int] = ..., lease_expirations: _Optional[int] = ..., epoch: _Optional[int] = ..., policy_version: _Optional[int] = ..., end_of_data: _Optional[bool] = ..., unacknowledged: _Optional[int] = ..., returned: _Optional[int] = ...) -> None: ...
+    def __init__(self, queued_groups: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., groups_in: _Optional[int] = ..., groups_out: _Optional[int] = ..., filtered: _Optional[int] = ..., stale_dropped: _Optional[int] = ..., lease_expirations: _Optional[int] = ..., epoch: _Optional[int] = ..., policy_version: _Optional[int] = ..., end_of_data: bool = ..., unacknowledged: _Optional[int] = ..., returned: _Optional[int] = ...) -> None: ...

@@ -6,8 +6,10 @@ import warnings
 from zerobubble.v1 import buffer_pb2 as zerobubble_dot_v1_dot_buffer__pb2
 from zerobubble.v1 import common_pb2 as zerobubble_dot_v1_dot_common__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.63.0'
 GRPC_VERSION = grpc.__version__
+EXPECTED_ERROR_RELEASE = '1.65.0'
+SCHEDULED_RELEASE_DATE = 'June 25, 2024'
 _version_not_supported = False
 
 try:
@@ -17,16 +19,19 @@ except ImportError:
     _version_not_supported = True
 
 if _version_not_supported:
-    raise RuntimeError(
+    warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in zerobubble/v1/buffer_pb2_grpc.py depends on'
+        + f' but the generated code in zerobubble/v1/buffer_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
+        + f' This warning will become an error in {EXPECTED_ERROR_RELEASE},'
+        + f' scheduled for release on {SCHEDULED_RELEASE_DATE}.',
+        RuntimeWarning
     )
 
 
-class BufferServiceStub:
+class BufferServiceStub(object):
     """Owns the training prompts and the experience between rollout workers and the trainer.
     """
 
@@ -78,7 +83,7 @@ class BufferServiceStub:
                 _registered_method=True)
 
 
-class BufferServiceServicer:
+class BufferServiceServicer(object):
     """Owns the training prompts and the experience between rollout workers and the trainer.
     """
 
@@ -186,11 +191,10 @@ def add_BufferServiceServicer_to_server(servicer, server):
     generic_handler = grpc.method_handlers_generic_handler(
             'zerobubble.v1.BufferService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('zerobubble.v1.BufferService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class BufferService:
+class BufferService(object):
     """Owns the training prompts and the experience between rollout workers and the trainer.
     """
 

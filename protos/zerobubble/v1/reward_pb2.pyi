@@ -3,8 +3,7 @@ from zerobubble.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -12,7 +11,7 @@ class ScoreOptions(_message.Message):
     __slots__ = ("partial_credit",)
     PARTIAL_CREDIT_FIELD_NUMBER: _ClassVar[int]
     partial_credit: bool
-    def __init__(self, partial_credit: _Optional[bool] = ...) -> None: ...
+    def __init__(self, partial_credit: bool = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
     __slots__ = ("id", "verifier", "response", "gt_answer", "test_cases", "options", "prompt", "metadata")
@@ -54,7 +53,7 @@ class ScoreResult(_message.Message):
     tests_passed: int
     tests_total: int
     seconds: float
-    def __init__(self, id: _Optional[str] = ..., reward: _Optional[float] = ..., format_ok: _Optional[bool] = ..., answer_ok: _Optional[bool] = ..., extracted_answer: _Optional[str] = ..., reason: _Optional[str] = ..., tests_passed: _Optional[int] = ..., tests_total: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., reward: _Optional[float] = ..., format_ok: bool = ..., answer_ok: bool = ..., extracted_answer: _Optional[str] = ..., reason: _Optional[str] = ..., tests_passed: _Optional[int] = ..., tests_total: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class ScoreBatchRequest(_message.Message):
     __slots__ = ("items",)
@@ -84,7 +83,7 @@ class VerifierInfo(_message.Message):
     ground_truth: str
     available: bool
     unavailable_reason: str
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., ground_truth: _Optional[str] = ..., available: _Optional[bool] = ..., unavailable_reason: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., ground_truth: _Optional[str] = ..., available: bool = ..., unavailable_reason: _Optional[str] = ...) -> None: ...
 
 class ListVerifiersReply(_message.Message):
     __slots__ = ("verifiers", "correct_reward", "wrong_reward")

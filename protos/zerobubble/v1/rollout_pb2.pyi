@@ -2,8 +2,7 @@ from zerobubble.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -31,7 +30,7 @@ class GenerateRequest(_message.Message):
     prompts: _containers.RepeatedScalarFieldContainer[str]
     sampling: SamplingParams
     raw: bool
-    def __init__(self, prompts: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., raw: _Optional[bool] = ...) -> None: ...
+    def __init__(self, prompts: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., raw: bool = ...) -> None: ...
 
 class Completion(_message.Message):
     __slots__ = ("text", "token_ids", "logprobs", "finish_reason")
@@ -71,7 +70,7 @@ class RolloutStatusReply(_message.Message):
     paused: bool
     groups_pushed: int
     tokens_per_second: float
-    def __init__(self, worker_id: _Optional[str] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., paused: _Optional[bool] = ..., groups_pushed: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., paused: bool = ..., groups_pushed: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ()

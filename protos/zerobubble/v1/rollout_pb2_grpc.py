@@ -5,8 +5,10 @@ import warnings
 
 from zerobubble.v1 import rollout_pb2 as zerobubble_dot_v1_dot_rollout__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.63.0'
 GRPC_VERSION = grpc.__version__
+EXPECTED_ERROR_RELEASE = '1.65.0'
+SCHEDULED_RELEASE_DATE = 'June 25, 2024'
 _version_not_supported = False
 
 try:
@@ -16,16 +18,19 @@ except ImportError:
     _version_not_supported = True
 
 if _version_not_supported:
-    raise RuntimeError(
+    warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in zerobubble/v1/rollout_pb2_grpc.py depends on'
+        + f' but the generated code in zerobubble/v1/rollout_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
+        + f' This warning will become an error in {EXPECTED_ERROR_RELEASE},'
+        + f' scheduled for release on {SCHEDULED_RELEASE_DATE}.',
+        RuntimeWarning
     )
 
 
-class RolloutServiceStub:
+class RolloutServiceStub(object):
     """A rollout worker: generates responses with its engine; also usable directly by eval and other tools.
     """
 
@@ -57,7 +62,7 @@ class RolloutServiceStub:
                 _registered_method=True)
 
 
-class RolloutServiceServicer:
+class RolloutServiceServicer(object):
     """A rollout worker: generates responses with its engine; also usable directly by eval and other tools.
     """
 
@@ -112,11 +117,10 @@ def add_RolloutServiceServicer_to_server(servicer, server):
     generic_handler = grpc.method_handlers_generic_handler(
             'zerobubble.v1.RolloutService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('zerobubble.v1.RolloutService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class RolloutService:
+class RolloutService(object):
     """A rollout worker: generates responses with its engine; also usable directly by eval and other tools.
     """
 

@@ -1,8 +1,7 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -81,7 +80,7 @@ class WeightAnnouncement(_message.Message):
     buckets: _containers.RepeatedCompositeFieldContainer[Bucket]
     regroup: bool
     ranks: _containers.ScalarMap[str, int]
-    def __init__(self, version: _Optional[int] = ..., group_epoch: _Optional[int] = ..., world_size: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., regroup: _Optional[bool] = ..., ranks: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., group_epoch: _Optional[int] = ..., world_size: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., regroup: bool = ..., ranks: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class TrainerStatusRequest(_message.Message):
     __slots__ = ()
