@@ -76,6 +76,7 @@ class TrainerHost(ServiceHost):
 
     def __init__(self, config: TrainerServiceConfig):
         rank = int(os.environ.get("RANK", "0"))
+        config.batch.groups_per_rank(int(os.environ.get("WORLD_SIZE", "1")))
         server = config.server if rank == 0 else config.server.model_copy(
             update={"listen": "127.0.0.1:0", "metrics_port": None})
         super().__init__("trainer", server)
