@@ -56,7 +56,8 @@ def run_rank(cli_args: list[str]) -> None:
         sys.exit("the trainer's agent is gone")
     if os.environ.get("RANK", "0") != "0":
         os.environ["ZEROBUBBLE_LOG"] = "WARNING"
-        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+        # Its stdout would only say its own address, which nobody calls.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     sys.exit(main(cli_args))
 
 

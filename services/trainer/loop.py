@@ -19,7 +19,6 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
-import torch
 from transformers import AutoConfig
 
 from zerobubble.buffer.client import BufferClient, PullResult
@@ -157,15 +156,14 @@ class TrainingLoop:
         while max_steps is None or self.step < max_steps:
             # A stopping rank pulls nothing; the ranks agree before the step, as one rank training alone would
             # wait in the step's collectives for ever.
-            pulled = self._pull()
-            if not self._every_rank_has(pulled):
+            groups, last_delivery = self._pull()
+            if not self._every_rank_has(groups):
                 break
             if self.strategy.rank == 0:
                 # Groups pushed from now on train the next version: staleness and the workers' lag count from it,
                 # so a strictly on-policy worker waits for the new weights instead of generating for a step
                 # already pulled (whose groups the buffer would then drop as stale).
                 self.buffer.set_policy_version(self.policy_version + 1)
-            groups, last_delivery = pulled
             self._train(groups)
             self.delivered = max(self.delivered, last_delivery)
             if self.step % self.config.checkpoint.interval_steps == 0:
@@ -181,15 +179,21 @@ class TrainingLoop:
     def stop(self) -> None:
         self.stopping.set()
 
-    def _every_rank_has(self, pulled: object | None) -> bool:
-        """Whether every data-parallel rank has a step's groups (so all train it, or none does: a rank's groups
-        held for a step not trained are committed by no checkpoint, and come again on resume)."""
-        missing = torch.tensor([0.0 if pulled is not None else 1.0])
-        return not bool(self.strategy.all_reduce_sum(missing.to(self.strategy.device)).item())
+    def _every_rank_has(self, groups: list[common_pb2.ExperienceGroup]) -> bool:
+        """Whether every data-parallel rank has its share of a step, so all train it, or none does: a short last
+        step would weigh its few groups like a full one. Groups held for a step not trained are committed by no
+        checkpoint, and come again on resume."""
+        held = self.strategy.gather_objects(len(groups))
+        if min(held) == self.groups_per_rank:
+            return True
+        if sum(held) and self.strategy.rank == 0:
+            log.info("end of the data: %d groups left over, fewer than a step's %d", sum(held),
+                     self.config.batch.groups_per_step)
+        return False
 
-    def _pull(self) -> tuple[list[common_pb2.ExperienceGroup], int] | None:
-        """This rank's groups of the next step and the newest delivery among them (and those refused); None at
-        the end of the data."""
+    def _pull(self) -> tuple[list[common_pb2.ExperienceGroup], int]:
+        """This rank's groups of the next step and the newest delivery among them (and those refused); fewer at
+        the end of the data or when stopping."""
         wanted, groups, last_delivery = self.groups_per_rank, [], 0
         trained = self.delivered
         started = time.monotonic()
@@ -208,12 +212,6 @@ class TrainingLoop:
             if result.end_of_data:
                 break
         self.idle_seconds += time.monotonic() - started
-        if len(groups) < wanted:
-            # A short last step would weigh its few groups like a full one; the leftovers are few
-            # (fewer than one step) and are counted in the log instead.
-            if groups:
-                log.info("end of the data: %d groups left over, fewer than a step's %d", len(groups), wanted)
-            return None
         return groups, last_delivery
 
     def _refused(self, pulled: buffer_pb2.PulledGroup) -> bool:

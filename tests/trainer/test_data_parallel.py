@@ -119,6 +119,7 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(latest / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_two_ranks_train_the_weights_one_process_trains(assets, tmp_path):
     model, train, _ = assets
     settings = {"batch.groups_per_step": 4, "max_steps": 2}
@@ -152,6 +153,7 @@ def test_two_ranks_train_the_weights_one_process_trains(assets, tmp_path):
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.slow
 def test_a_killed_two_rank_trainer_resumes_and_trains_every_group_once(assets, tmp_path):
     model, train, _ = assets
     buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
