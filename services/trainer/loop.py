@@ -6,7 +6,9 @@ tell the buffer the new version, write the step's figures. Every `interval_steps
 written and the buffer told that everything delivered so far is consumed (Commit).
 
 What is committed is what was trained (or refused as unusable): groups pulled for a step that never
-trains (the end of the data, a stop) are not, so a resumed run gets them again.
+trains (the end of the data, a stop) are not, so a resumed run gets them again. With several data-parallel
+ranks each pulls its share; they agree before each step that every one has it, and rank 0 records the step
+(every rank's figures and groups) and commits the newest delivery any rank trained.
 """
 
 from __future__ import annotations
