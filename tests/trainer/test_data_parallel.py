@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from stack import start_buffer, tiny_assets
+from strategy_helpers import run_ranks
 
 from zerobubble.buffer.client import BufferClient
 from zerobubble.common.codec import encode_array
@@ -189,6 +190,43 @@ def test_a_killed_two_rank_trainer_resumes_and_trains_every_group_once(assets, t
     assert len(set(pushed)) == PROMPTS and sorted(trained) == sorted(pushed), "every group once, none twice"
     assert set(first_run) <= set(trained)
     assert buffer.core.stats()["end_of_data"] and buffer.core.store.committed == buffer.core.store.next_delivery - 1
+
+
+def checkpoint_rank(rank: int, config: TrainerServiceConfig, delivered: list[int]) -> None:
+    """One rank of a trainer that has trained up to delivery `delivered[rank]` takes a checkpoint."""
+    from prometheus_client import CollectorRegistry
+
+    from zerobubble.buffer.client import BufferClient
+    from zerobubble.trainer.loop import TrainingLoop
+    from zerobubble.trainer.metrics import TrainerMetrics
+    from zerobubble.trainer.strategies import make_strategy
+    from zerobubble.trainer.update import PolicyUpdate, UpdateSettings
+
+    strategy = make_strategy(config.strategy, config.model)
+    update = PolicyUpdate(strategy, config.algorithm_config(), UpdateSettings(1, 4, 8))
+    with BufferClient(config.buffer) as buffer:
+        loop = TrainingLoop(config, strategy, update, buffer, pad_id=0, metrics=TrainerMetrics(CollectorRegistry()))
+        loop.delivered = delivered[rank]
+        loop.save_checkpoint()
+    strategy.close()
+
+
+def test_a_checkpoint_commits_the_newest_delivery_of_any_rank(assets, tmp_path):
+    """Rank 1 trained the newest delivery (5), rank 0 older ones (up to 3): the commit, made by rank 0, and the
+    checkpoint cover 5, or a resume would train rank 1's groups again."""
+    model, train, _ = assets
+    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    run_dir = tmp_path / "run"
+    try:
+        fill(buffer.address, 6, "producer")
+        with BufferClient(buffer.address) as client:
+            assert [g.delivery for g in client.pull(0, 1, 5).groups] == [1, 2, 3, 4, 5]
+        run_ranks(checkpoint_rank, RANKS, trainer_config(model, buffer.address, run_dir), [3, 5])
+        assert buffer.core.store.committed == 5 and list(buffer.core.store.delivered) == []
+    finally:
+        buffer.stop(0.5)
+    state = json.loads((run_dir / "checkpoints" / "step-000000" / "trainer_state.json").read_text())
+    assert state["buffer_delivery"] == 5
 
 
 def test_the_step_splits_evenly_over_the_ranks():
