@@ -13,10 +13,6 @@ from zerobubble.launcher.reference_flags import add_reference_flags, reference_o
 def up_config(args) -> UpConfig:
     """The demo config (or --config), then rl_example.py flags, then --set; --resume reloads a run's own."""
     overrides = reference_overrides(args)
-    processes = overrides.pop("trainer_processes", 1)
-    if processes != 1:
-        raise ConfigError(f"--num-trainers {processes}: `zerobubble up` runs one trainer process; for data "
-                          "parallel training start `zerobubble serve trainer` under torchrun")
     overrides.update(parse_override(item) for item in args.set or [])
     if args.resume is not None:
         path = args.resume / "configs" / "up.yaml"

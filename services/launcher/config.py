@@ -61,6 +61,8 @@ class UpConfig(Schema):
                                    "the arithmetic task's")
     task: ArithmeticTask = ArithmeticTask()
     pipeline: PipelineConfig = PipelineConfig()
+    trainer_processes: int = Field(1, gt=0, description="data-parallel trainer ranks on this machine, under "
+                                   "torchrun (gloo on CPU, NCCL on GPUs); rank 0 serves the trainer's RPCs")
     startup_timeout_seconds: float = Field(300.0, gt=0)
     restarts: RestartsConfig = RestartsConfig()
     final_eval: bool = Field(True, description="evaluate the last checkpoint after training")

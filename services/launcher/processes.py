@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from zerobubble.launcher.data_parallel import agent_command
 from zerobubble.launcher.tether import Tether
 
 
@@ -26,16 +27,18 @@ class ServiceProcess:
     """`zerobubble serve NAME --config FILE` as a child process; its log goes to LOG_DIR/NAME.log.
 
     With a `tether` the service holds the run folder with the launcher and stops when the launcher is gone.
-    `restart_overrides` are `--set` items a restart adds (a trainer resumes from its checkpoint)."""
+    `restart_overrides` are `--set` items a restart adds (a trainer resumes from its checkpoint). A trainer of
+    several `processes` runs them as data-parallel ranks under torch's elastic agent (data_parallel.py)."""
 
     def __init__(self, name: str, service: str, config_path: Path, log_dir: Path, *, tether: Tether | None = None,
-                 restart_overrides: Sequence[str] = ()):
+                 restart_overrides: Sequence[str] = (), processes: int = 1):
         self.name = name
         self.service = service
         self.config_path = config_path
         self.log_path = log_dir / f"{name}.log"
         self.tether = tether
         self.restart_overrides = tuple(restart_overrides)
+        self.processes = processes
         self.address = ""
         self.metrics_port: int | None = None
         self.process: subprocess.Popen | None = None
@@ -43,8 +46,9 @@ class ServiceProcess:
     def start(self, timeout: float, extra: Sequence[str] = ()) -> ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        command = [sys.executable, "-m", "zerobubble.cli", "serve", self.service, "--config", str(self.config_path),
-                   *extra]
+        serve_args = ["--config", str(self.config_path), *extra]
+        command = (agent_command(self.processes, serve_args) if self.processes > 1
+                   else [sys.executable, "-m", "zerobubble.cli", "serve", self.service, *serve_args])
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.tether.env if self.tether else {})}
         # Children get their own process group so a Ctrl-C reaches the launcher alone, which then stops
         # them in order instead of all at once.

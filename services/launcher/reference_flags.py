@@ -59,7 +59,7 @@ FLAGS = (
     ReferenceFlag(("-si", "--save-interval"), "trainer.checkpoint.interval_steps", int, "steps between checkpoints"),
     ReferenceFlag(("-sd", "--save-dir"), "run_dir", str, "run folder (checkpoints go to RUN/trainer/checkpoints)"),
     ReferenceFlag(("-t", "--num-trainers"), "trainer_processes", int,
-                  "trainer processes: `zerobubble up` runs one; use torchrun with `serve trainer` for more"),
+                  "data-parallel trainer processes (ranks under torchrun)"),
 )
 
 

@@ -53,13 +53,13 @@ class Run:
     def run_dir(self) -> Path:
         return self.config.run_dir
 
-    def start(self, name: str, service: str, schema, tree: dict, restart_overrides: tuple[str, ...] = ()
-              ) -> ServiceProcess:
+    def start(self, name: str, service: str, schema, tree: dict, restart_overrides: tuple[str, ...] = (),
+              processes: int = 1) -> ServiceProcess:
         validated(schema, tree, f"{service} section")
         path = write_yaml(self.run_dir / "configs" / f"{name}.yaml", tree)
         log.info("starting %s", name)
         process = ServiceProcess(name, service, path, self.run_dir / "logs", tether=self.tether,
-                                 restart_overrides=restart_overrides)
+                                 restart_overrides=restart_overrides, processes=processes)
         self.services.append(process)
         return process.start(self.config.startup_timeout_seconds)
 
@@ -82,6 +82,10 @@ class Run:
             "tracking": {"eval_summary": self.run_dir / "eval" / "summary.jsonl"},
         }, config.trainer)
         trainer_config = validated(TrainerServiceConfig, trainer_tree, "trainer section")
+        try:
+            trainer_config.batch.groups_per_rank(config.trainer_processes)
+        except ConfigError as exc:
+            raise ConfigError(f"trainer section: {exc} (trainer_processes)") from None
         algorithm = trainer_config.algorithm_config()
         queued_steps = 1 if pipeline.max_staleness == 0 else 2
         buffer = self.start("buffer", "buffer", BufferServiceConfig, merge({
@@ -95,7 +99,7 @@ class Run:
         }, config.buffer))
         trainer = self.start("trainer", "trainer", TrainerServiceConfig,
                              merge(trainer_tree, {"buffer": {"address": buffer.address, **TOKEN}}),
-                             restart_overrides=("resume=true",))
+                             restart_overrides=("resume=true",), processes=config.trainer_processes)
         for i in range(pipeline.rollout_workers):
             tree = {
                 "server": SERVER, "worker_id": f"rollout-{i}", "model": {"path": assets.model},

@@ -76,6 +76,7 @@ class TrainerHost(ServiceHost):
 
     def __init__(self, config: TrainerServiceConfig):
         rank = int(os.environ.get("RANK", "0"))
+        config.batch.groups_per_rank(int(os.environ.get("WORLD_SIZE", "1")))
         server = config.server if rank == 0 else config.server.model_copy(
             update={"listen": "127.0.0.1:0", "metrics_port": None})
         super().__init__("trainer", server)
@@ -135,7 +136,11 @@ class TrainerHost(ServiceHost):
                 # Closing what it uses would only make it fail; it holds no lock the exit needs.
                 log.warning("the training loop did not finish within the grace; it ends with the process")
                 return
-        self.strategy.close()
+        try:
+            self.strategy.close()
+        except RuntimeError as exc:
+            # A data-parallel peer died (its agent then stops this rank): there is no group left to close.
+            log.warning("the data-parallel group did not close: %s", str(exc).splitlines()[0])
         self.buffer.close()
 
 

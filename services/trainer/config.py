@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from zerobubble.common.config import ClientConfig, Schema, ServerConfig
+from zerobubble.common.config import ClientConfig, ConfigError, Schema, ServerConfig
 from zerobubble.trainer.algorithms.presets import AlgorithmConfig, algorithm_config
 from zerobubble.trainer.broadcaster import WeightSyncConfig
 from zerobubble.trainer.strategies.base import StrategyConfig
@@ -28,6 +28,14 @@ class BatchConfig(Schema):
     @property
     def mini_batches(self) -> int:
         return self.groups_per_step // (self.mini_batch_groups or self.groups_per_step)
+
+    def groups_per_rank(self, world_size: int) -> int:
+        """Each data-parallel rank's share of a step; every rank must make the same optimizer updates, so the
+        step's groups and each mini-batch's split evenly over the ranks."""
+        for name, groups in (("groups_per_step", self.groups_per_step), ("mini_batch_groups", self.mini_batch_groups)):
+            if groups is not None and groups % world_size:
+                raise ConfigError(f"batch.{name} ({groups}) must be a multiple of the {world_size} trainer processes")
+        return self.groups_per_step // world_size
 
     @model_validator(mode="after")
     def _whole_mini_batches(self) -> BatchConfig:

@@ -6,7 +6,9 @@ tell the buffer the new version, write the step's figures. Every `interval_steps
 written and the buffer told that everything delivered so far is consumed (Commit).
 
 What is committed is what was trained (or refused as unusable): groups pulled for a step that never
-trains (the end of the data, a stop) are not, so a resumed run gets them again.
+trains (the end of the data, a stop) are not, so a resumed run gets them again. With several data-parallel
+ranks each pulls its share; they agree before each step that every one has it, and rank 0 records the step
+(every rank's figures and groups) and commits the newest delivery any rank trained.
 """
 
 from __future__ import annotations
@@ -54,6 +56,39 @@ def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str,
     }
 
 
+# How the ranks' figures of one step make the step's: sums of what each rank holds a share of, the maximum of
+# maxima, and the rest averaged over the ranks weighted by their samples (exact for means over samples; the
+# token-weighted loss statistics and reward_std come out as close approximations). grad_norm and lr are the
+# same on every rank.
+SUMMED_FIGURES = frozenset({"loss", "samples", "tokens"})
+SHARED_FIGURES = frozenset({"grad_norm", "lr"})
+
+
+def combine_rank_figures(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """The figures of a data-parallel step from each rank's figures of its share."""
+    if len(per_rank) == 1:
+        return dict(per_rank[0])
+    samples = [rank["samples"] for rank in per_rank]
+    total = sum(samples)
+    out = {}
+    for name, value in per_rank[0].items():
+        values = [rank[name] for rank in per_rank]
+        if name in SUMMED_FIGURES:
+            out[name] = sum(values)
+        elif name in SHARED_FIGURES:
+            out[name] = value
+        elif name.endswith("_max"):
+            out[name] = max(values)
+        else:
+            out[name] = sum(v * n for v, n in zip(values, samples, strict=True)) / total if total else 0.0
+    return out
+
+
+def group_name(group: common_pb2.ExperienceGroup) -> str:
+    """A group's identity in metrics.jsonl: its prompt and the epoch it was generated for."""
+    return f"{group.prompt.prompt_id}@{group.prompt.epoch}"
+
+
 class TrainingLoop:
     def __init__(self, config: TrainerServiceConfig, strategy: Strategy, update: PolicyUpdate,
                  buffer: BufferClient, *, pad_id: int, metrics: TrainerMetrics, broadcaster=None):
@@ -84,7 +119,7 @@ class TrainingLoop:
 
     @property
     def groups_per_rank(self) -> int:
-        return max(1, self.config.batch.groups_per_step // self.strategy.world_size)
+        return self.config.batch.groups_per_rank(self.strategy.world_size)
 
     def resume(self) -> None:
         """Continue from the newest checkpoint: weights, optimizer, RNG, step; the buffer re-delivers what
@@ -120,16 +155,17 @@ class TrainingLoop:
         if self.config.weight_sync is not None:
             self._publish()
         max_steps = self.config.max_steps
-        while not self.stopping.is_set() and (max_steps is None or self.step < max_steps):
-            pulled = self._pull()
-            if pulled is None:
+        while max_steps is None or self.step < max_steps:
+            # A stopping rank pulls nothing; the ranks agree before the step, as one rank training alone would
+            # wait in the step's collectives for ever.
+            groups, last_delivery = self._pull()
+            if not self._every_rank_has(groups):
                 break
             if self.strategy.rank == 0:
                 # Groups pushed from now on train the next version: staleness and the workers' lag count from it,
                 # so a strictly on-policy worker waits for the new weights instead of generating for a step
                 # already pulled (whose groups the buffer would then drop as stale).
                 self.buffer.set_policy_version(self.policy_version + 1)
-            groups, last_delivery = pulled
             self._train(groups)
             self.delivered = max(self.delivered, last_delivery)
             if self.step % self.config.checkpoint.interval_steps == 0:
@@ -145,9 +181,21 @@ class TrainingLoop:
     def stop(self) -> None:
         self.stopping.set()
 
-    def _pull(self) -> tuple[list[common_pb2.ExperienceGroup], int] | None:
-        """This rank's groups of the next step and the newest delivery among them (and those refused); None at
-        the end of the data."""
+    def _every_rank_has(self, groups: list[common_pb2.ExperienceGroup]) -> bool:
+        """Whether every data-parallel rank has its share of a step, so all train it, or none does: a short last
+        step would weigh its few groups like a full one. Groups held for a step not trained are committed by no
+        checkpoint, and come again on resume."""
+        held = self.strategy.gather_objects(len(groups))
+        if min(held) == self.groups_per_rank:
+            return True
+        if sum(held) and self.strategy.rank == 0:
+            log.info("end of the data: %d groups left over, fewer than a step's %d", sum(held),
+                     self.config.batch.groups_per_step)
+        return False
+
+    def _pull(self) -> tuple[list[common_pb2.ExperienceGroup], int]:
+        """This rank's groups of the next step and the newest delivery among them (and those refused); fewer at
+        the end of the data or when stopping."""
         wanted, groups, last_delivery = self.groups_per_rank, [], 0
         trained = self.delivered
         started = time.monotonic()
@@ -166,12 +214,6 @@ class TrainingLoop:
             if result.end_of_data:
                 break
         self.idle_seconds += time.monotonic() - started
-        if len(groups) < wanted:
-            # A short last step would weigh its few groups like a full one; the leftovers are few
-            # (fewer than one step) and are counted in the log instead.
-            if groups:
-                log.info("end of the data: %d groups left over, fewer than a step's %d", len(groups), wanted)
-            return None
         return groups, last_delivery
 
     def _refused(self, pulled: buffer_pb2.PulledGroup) -> bool:
@@ -204,6 +246,10 @@ class TrainingLoop:
         batch = collate(groups, self.pad_id)
         figures = self.update(batch)
         figures.update(experience_figures(batch, self.policy_version))
+        # Rank 0 records the step: every rank's share of it, and which groups it trained.
+        shares = self.strategy.gather_objects((figures, [group_name(g) for g in groups]))
+        figures = combine_rank_figures([share for share, _ in shares])
+        trained = [name for _, names in shares for name in names]
         self.step += 1
         self.policy_version += 1
         if self.config.weight_sync is not None:
@@ -217,7 +263,7 @@ class TrainingLoop:
             seconds = self.broadcaster.status()["last_sync_seconds"]
             figures["weight_sync_seconds"] = seconds
             figures["weight_sync_gbps"] = self.weight_bytes / seconds / 1e9 if seconds > 0 else 0.0
-        self._record(figures, groups)
+        self._record(figures, groups, trained)
 
     def _publish(self) -> None:
         """Every rank takes part in gathering the full weights; rank 0 hands them to the broadcaster."""
@@ -226,10 +272,12 @@ class TrainingLoop:
         if self.broadcaster is not None:
             self.broadcaster.publish(weights, self.policy_version)
 
-    def _record(self, figures: dict[str, float], groups: list[common_pb2.ExperienceGroup]) -> None:
+    def _record(self, figures: dict[str, float], groups: list[common_pb2.ExperienceGroup],
+                trained: list[str]) -> None:
         if self.strategy.rank != 0:
             return
-        row = {"step": self.step, "policy_version": self.policy_version, "time": time.time(), **figures}
+        row = {"step": self.step, "policy_version": self.policy_version, "time": time.time(), **figures,
+               "groups": trained}
         self.metrics.observe_step(row)
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "a", encoding="utf-8") as out:
@@ -270,6 +318,10 @@ class TrainingLoop:
         """Write a checkpoint, then commit to the buffer everything delivered before it (up to `delivery`, when
         given)."""
         delivery = self.delivered if delivery is None else delivery
+        # Commit is one watermark over the buffer's delivery numbers: the newest delivery any rank trained covers
+        # every rank's, as a step's deliveries all come before the next step's (its collectives wait for every
+        # rank's pull). One rank commits it, once per checkpoint, so the checkpoint and the buffer agree.
+        delivery = max(self.strategy.gather_objects(delivery))
         with self.lock:
             state = TrainerState(step=self.step, policy_version=self.policy_version,
                                  buffer_delivery=delivery, extra={"tag": tag})

@@ -50,8 +50,9 @@ def test_set_overrides_come_last_and_bad_fields_are_named():
     assert config.pipeline.num_generations == 6
     with pytest.raises(ConfigError, match="pipeline.num_generations"):
         up_config(parse("--set", "pipeline.num_generations=1"))
-    with pytest.raises(ConfigError, match="num-trainers"):
-        up_config(parse("-t", "2"))
+    assert up_config(parse("-t", "2")).trainer_processes == 2
+    with pytest.raises(ConfigError, match="trainer_processes"):
+        up_config(parse("--set", "trainer_processes=0"))
     with pytest.raises(ConfigError, match="batch"):
         validated(TrainerServiceConfig, {"model": "m", "batch": {"groups_per_step": 3, "mini_batch_groups": 2}},
                   "trainer section")
