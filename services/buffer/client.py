@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
+from pydantic import ValidationError
 
 from zerobubble.buffer.allocator import keep_large_buffers_in_heap
 from zerobubble.common.client import ServiceClient
-from zerobubble.common.config import ClientConfig
+from zerobubble.common.config import ClientConfig, ConfigError
+from zerobubble.common.run_spec import RunSpec, model_expectations, require_agreement
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
@@ -115,3 +118,22 @@ class BufferClient(ServiceClient):
 
     def stats(self, *, timeout: float | None = None) -> buffer_pb2.StatsReply:
         return self.unary("Stats", buffer_pb2.StatsRequest(), timeout=timeout)
+
+    def run_spec(self, *, timeout: float | None = None) -> RunSpec:
+        """The run's spec as the buffer holds it; ConfigError when this version cannot read it."""
+        reply = self.unary("GetRunSpec", buffer_pb2.GetRunSpecRequest(), timeout=timeout)
+        try:
+            return RunSpec.model_validate_json(reply.spec_json)
+        except ValidationError as exc:
+            fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"the run spec from the buffer at {self.config.address} is not one this version "
+                              f"reads: {fields}") from None
+
+    def agreed_run_spec(self, expectations: dict[str, tuple[str, object]], *, model: Path,
+                        model_field: str) -> RunSpec:
+        """The run spec, once the caller's `expectations` (see require_agreement) and its model folder `model`
+        (the config's `model_field`) agree with it; RunSpecMismatch names every disagreement."""
+        spec = self.run_spec()
+        require_agreement(spec, {**expectations, **model_expectations(spec, model, model_field)},
+                          source=f"the buffer at {self.config.address}")
+        return spec

@@ -18,6 +18,8 @@ import grpc
 from zerobubble.buffer.client import BufferClient
 from zerobubble.buffer.filters import not_stored_label
 from zerobubble.common.persistence import Stopped, until_done
+from zerobubble.common.run_spec import RunSpec
+from zerobubble.common.version import oldest_fresh_version
 from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
@@ -38,25 +40,19 @@ class GeneratedBatch:
     temperature: float
 
 
-def annealed_temperature(start: float, end: float, epoch: int, progress: float) -> float:
-    """The reference's first-episode annealing: linear from `start` towards `end`, then `end`."""
-    if epoch > 0:
-        return end
-    return start + (end - start) * min(max(progress, 0.0), 1.0)
-
-
 class RolloutWorker:
-    def __init__(self, config: RolloutServiceConfig, engine: Engine, buffer: BufferClient, reward: RewardClient,
-                 *, metrics: RolloutMetrics, receiver=None, evaluator=None):
+    def __init__(self, config: RolloutServiceConfig, spec: RunSpec, engine: Engine, buffer: BufferClient,
+                 reward: RewardClient, *, metrics: RolloutMetrics, receiver=None, evaluator=None):
         self.config = config
+        self.spec = spec
         self.engine = engine
         self.buffer = buffer
         self.reward = reward
         self.metrics = metrics
         self.receiver = receiver
         self.evaluator = evaluator
-        prompt = system_prompt(config.reward.verifier, config.reward.system_prompt)
-        self.prompts = PromptBuilder(engine.tokenizer, prompt, config.generation.max_prompt_tokens)
+        prompt = system_prompt(spec.verifier, config.reward.system_prompt)
+        self.prompts = PromptBuilder(engine.tokenizer, prompt, spec.max_prompt_tokens)
         # One engine, shared with the Generate RPC: whoever holds this lock is generating or loading weights.
         self.engine_lock = threading.Lock()
         self.stopping = threading.Event()
@@ -142,12 +138,11 @@ class RolloutWorker:
             with self.engine_lock:
                 self.evaluator.maybe_run(self.engine)
 
-    def _catch_up(self, trainer_version: int) -> None:
-        """Wait until the engine's weights are within max_policy_lag of the trainer's version."""
-        lag = self.config.max_policy_lag
-        if lag is None or self.receiver is None:
+    def _catch_up(self, consuming_version: int) -> None:
+        """Wait until the engine's weights are fresh enough for the run's staleness bound."""
+        if self.spec.max_staleness is None or self.receiver is None:
             return
-        wanted = trainer_version - lag
+        wanted = oldest_fresh_version(consuming_version, self.spec.max_staleness)
         while self.engine.policy_version < wanted and not self.stopping.is_set():
             self.receiver.wait_for(wanted, timeout=1.0)
             with self.engine_lock:
@@ -155,14 +150,12 @@ class RolloutWorker:
         self.metrics.policy_version.set(self.engine.policy_version)
 
     def _generate(self, lease: buffer_pb2.LeaseReply) -> GeneratedBatch:
-        gen = self.config.generation
-        temperature = gen.temperature
-        if gen.anneal_temperature:
-            progress = lease.epoch_finished / lease.epoch_size if lease.epoch_size else 0.0
-            temperature = annealed_temperature(gen.temperature, gen.anneal_to, lease.prompts[0].epoch, progress)
+        gen, spec = self.config.generation, self.spec
+        progress = lease.epoch_finished / lease.epoch_size if lease.epoch_size else 0.0
+        temperature = spec.sampling.temperature_at(lease.prompts[0].epoch, progress)
         sampling = SamplingSettings(
-            n=gen.num_generations, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
-            max_new_tokens=gen.max_new_tokens, stop=tuple(gen.stop), seed=gen.seed + self._batches,
+            n=spec.num_generations, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
+            max_new_tokens=spec.max_new_tokens, stop=tuple(gen.stop), seed=gen.seed + self._batches,
         )
         self._batches += 1
         prompt_ids = [self.prompts.build(p.messages_json) for p in lease.prompts]
@@ -190,7 +183,7 @@ class RolloutWorker:
                 self.stopping.set()
 
     def _finish(self, batch: GeneratedBatch) -> None:
-        verifier, partial = self.config.reward.verifier, self.config.reward.partial_credit
+        verifier, partial = self.spec.verifier, self.config.reward.partial_credit
         requests = [score_requests(verifier, prompt, samples, partial_credit=partial)
                     for prompt, samples in zip(batch.lease.prompts, batch.samples, strict=True)]
         flat = [r for per_prompt in requests for r in per_prompt]

@@ -24,6 +24,7 @@ from transformers import AutoConfig
 from zerobubble.buffer.client import BufferClient, PullResult
 from zerobubble.common.errors import Unavailable
 from zerobubble.common.persistence import Stopped, until_done
+from zerobubble.common.version import next_version, staleness
 from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
 from zerobubble.trainer.collate import ExperienceBatch, collate, unusable
 from zerobubble.trainer.config import TrainerServiceConfig
@@ -40,7 +41,7 @@ PULL_BACKOFF_MAX_SECONDS = 2.0
 def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
     """What the step trained on: accuracy, lengths, truncation, and how stale the samples were."""
     lengths = batch.response_lengths.float()
-    behind = (policy_version - batch.versions).float()
+    behind = staleness(batch.versions, policy_version).float()
     return {
         "answer_accuracy": float(batch.answer_ok.float().mean()),
         "format_accuracy": float(batch.format_ok.float().mean()),
@@ -125,10 +126,10 @@ class TrainingLoop:
             if pulled is None:
                 break
             if self.strategy.rank == 0:
-                # Groups pushed from now on train the next version: staleness and the workers' lag count from it,
+                # Groups pushed from now on are consumed by the next version: staleness counts from it,
                 # so a strictly on-policy worker waits for the new weights instead of generating for a step
                 # already pulled (whose groups the buffer would then drop as stale).
-                self.buffer.set_policy_version(self.policy_version + 1)
+                self.buffer.set_policy_version(next_version(self.policy_version))
             groups, last_delivery = pulled
             self._train(groups)
             self.delivered = max(self.delivered, last_delivery)

@@ -42,7 +42,7 @@ def test_lease_push_pull_commit_round_trip(serve):
 
 @pytest.mark.parametrize("read_ahead", [0, 2])
 def test_bad_messages_are_refused_alone_and_the_stream_goes_on(serve, read_ahead):
-    _, client = serve(prompts=6, filters__num_generations=4, capacity__max_group_bytes=8192,
+    _, client = serve(prompts=6, run_spec__num_generations=4, capacity__max_group_bytes=8192,
                       push__read_ahead=read_ahead)
     prompts = lease_all(client, 6)
     torn = make_group(prompts[1], "w", 1)

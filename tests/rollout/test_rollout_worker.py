@@ -49,7 +49,7 @@ def wait_for(condition, timeout: float, what: str) -> None:
 def test_worker_turns_every_prompt_into_one_scored_group(assets, tmp_path):
     model, train, held_out = assets
     reward = start_reward()
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec.num_generations": GENERATIONS})
     config = rollout_config(model, buffer.address, reward.address, tmp_path, **{
         "eval.datasets": {"heldout": str(held_out)}, "eval.samples_per_prompt": 2,
         "eval.output_dir": str(tmp_path / "eval"),
@@ -108,7 +108,7 @@ def free_port() -> int:
 def test_worker_waits_for_a_missing_reward_service_and_resumes(assets, tmp_path):
     model, train, _ = assets
     port = free_port()
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS,
+    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec.num_generations": GENERATIONS,
                                                       "leases.timeout_seconds": 60})
     host = build(rollout_config(model, buffer.address, f"127.0.0.1:{port}", tmp_path)).start()
     reward = None

@@ -88,7 +88,7 @@ class WorkerProcess:
 def test_a_worker_restarted_with_the_same_id_has_its_groups_stored(assets, tmp_path):
     model, train, _ = assets
     reward = start_reward()
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS,
+    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec.num_generations": GENERATIONS,
                                                       "leases.timeout_seconds": 3.0})
     settings = worker_settings(model, buffer.address, reward.address)
     workers = []
@@ -120,7 +120,7 @@ def test_a_worker_sends_groups_refused_for_a_full_disk_again_without_generating_
     model, train, _ = assets
     with small_disk(tmp_path / "disk", megabytes=4) as disk:
         reward = start_reward()
-        buffer = start_buffer(train, disk / "wal", **{"filters.num_generations": GENERATIONS})
+        buffer = start_buffer(train, disk / "wal", **{"run_spec.num_generations": GENERATIONS})
         filler = fill(disk)
         settings = worker_settings(model, buffer.address, reward.address)
         # Groups of a few KiB: the log file's last page, already allocated, takes at most one of them.

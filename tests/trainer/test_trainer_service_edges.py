@@ -72,7 +72,7 @@ def wait_for(condition, what: str) -> None:
 
 def test_a_trainer_without_weight_sync_answers_status_and_refuses_sync_calls(assets, tmp_path):
     model, train, _ = assets
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec.num_generations": GENERATIONS})
     trainer = start_trainer(model, buffer.address, tmp_path / "run")
     try:
         with TrainerClient(trainer.address) as client:
@@ -97,7 +97,7 @@ def test_a_trainer_without_weight_sync_answers_status_and_refuses_sync_calls(ass
 
 def test_save_checkpoint_answers_while_the_trainer_waits_for_data_and_the_held_groups_come_back(assets, tmp_path):
     model, train, _ = assets
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec.num_generations": GENERATIONS})
     run_dir = tmp_path / "run"
     trainer = start_trainer(model, buffer.address, run_dir)
     try:

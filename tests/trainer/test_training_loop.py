@@ -73,7 +73,7 @@ def rows(run_dir) -> list[dict]:
 
 def test_trainer_steps_checkpoints_commits_and_resumes_without_losing_a_group(assets, tmp_path):
     model, train, _ = assets
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec.num_generations": GENERATIONS})
     run_dir = tmp_path / "run"
     try:
         fill(buffer.address)
@@ -119,7 +119,7 @@ def test_an_unusable_group_is_skipped_and_nothing_untrained_is_committed(assets,
 
     # A buffer that is not told the vocabulary size lets the id through: the trainer must skip the group (an
     # IndexError in the embedding otherwise) and count it.
-    buffer = start_buffer(six, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(six, tmp_path / "wal", **{"run_spec.num_generations": GENERATIONS})
     run_dir = tmp_path / "run"
     try:
         fill(buffer.address, prompts=6, poison=out_of_vocabulary)
