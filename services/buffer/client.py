@@ -45,10 +45,10 @@ class BufferClient(ServiceClient):
 
     stub_class = buffer_pb2_grpc.BufferServiceStub
 
-    def __init__(self, config: ClientConfig | str, *, tune_allocator: bool = True):
+    def __init__(self, config: ClientConfig | str, *, tune_allocator: bool = True, retries: bool = True):
         if tune_allocator:
             keep_large_buffers_in_heap()
-        super().__init__(config)
+        super().__init__(config, retries=retries)
 
     def lease(self, worker_id: str, count: int, *, timeout: float | None = None) -> buffer_pb2.LeaseReply:
         return self.unary("LeasePrompts", buffer_pb2.LeaseRequest(worker_id=worker_id, count=count),
@@ -104,10 +104,12 @@ class BufferClient(ServiceClient):
                         exc.code().name, exc.details())
         return PullResult(groups, end_of_data)
 
-    def acknowledge(self, deliveries: Sequence[int], *, timeout: float | None = None) -> list[int]:
+    def acknowledge(self, deliveries: Sequence[int], *, timeout: float | None = None,
+                    retry: bool | None = None) -> list[int]:
         """Claim received groups; returns the deliveries that may not be kept (the buffer will send them
         again). Acknowledging one twice is harmless, so a call that failed may be repeated until it answers."""
-        reply = self.unary("Acknowledge", buffer_pb2.AcknowledgeRequest(deliveries=deliveries), timeout=timeout)
+        reply = self.unary("Acknowledge", buffer_pb2.AcknowledgeRequest(deliveries=deliveries), timeout=timeout,
+                           retry=retry)
         return list(reply.refused)
 
     def commit(self, delivery: int, *, resume: bool = False, timeout: float | None = None) -> None:
@@ -121,7 +123,8 @@ class BufferClient(ServiceClient):
 
     def run_spec(self, *, timeout: float | None = None) -> RunSpec:
         """The run's spec as the buffer holds it; ConfigError when this version cannot read it."""
-        reply = self.unary("GetRunSpec", buffer_pb2.GetRunSpecRequest(), timeout=timeout)
+        # At a service's start, before it has anything to stop: the buffer may be starting too.
+        reply = self.unary("GetRunSpec", buffer_pb2.GetRunSpecRequest(), timeout=timeout, retry=True)
         try:
             return RunSpec.model_validate_json(reply.spec_json)
         except ValidationError as exc:

@@ -140,7 +140,7 @@ class Deployment:
             "server": SERVER, "worker_id": "fuzz-rollout", "torch_threads": 1,
             "model": {"path": str(model), "device": "cpu", "dtype": "fp32"}, "generation": {"prompts_per_batch": 1},
             "buffer": {"address": self.processes["buffer-quiet"].address, "retry_seconds": 0},
-            "reward_service": {"address": NOWHERE, "retry_seconds": 0}, "trainer": None}
+            "reward_service": {"address": NOWHERE, "retry_seconds": 86_400}, "trainer": None}
         self.processes["rollout"] = ServiceProcess("rollout", configs["rollout"], directory).launch()
         configs["trainer"] = {
             "server": SERVER, "model": str(model), "run_dir": str(directory / "trainer-run"), "torch_threads": 1,

@@ -29,7 +29,8 @@ class RolloutHost(ServiceHost):
 
     def __init__(self, config: RolloutServiceConfig):
         # Before anything expensive: a worker that disagrees with the run must not start generating.
-        self.buffer = BufferClient(config.buffer)
+        # The worker's loop retries its calls itself (common/persistence.py).
+        self.buffer = BufferClient(config.buffer, retries=False)
         try:
             self.spec = self.buffer.agreed_run_spec(config.expectations(), model=config.model.path,
                                                     model_field="model.path")
@@ -47,7 +48,7 @@ class RolloutHost(ServiceHost):
                                   seed=config.generation.seed)
         metrics = RolloutMetrics(self.registry)
         metrics.policy_version.set(self.engine.policy_version)
-        self.reward = RewardClient(config.reward_service)
+        self.reward = RewardClient(config.reward_service, retries=False)
         self.receiver = None
         if config.trainer is not None:
             from zerobubble.rollout.weight_receiver import WeightReceiver

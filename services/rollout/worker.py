@@ -108,7 +108,8 @@ class RolloutWorker:
             self.safe_point()
             started = time.monotonic()
             lease = self._persist(lambda: self.buffer.lease(self.config.worker_id,
-                                                            self.config.generation.prompts_per_batch), "lease")
+                                                            self.config.generation.prompts_per_batch),
+                                  "lease", self.buffer)
             self.metrics.buffer_wait.inc(time.monotonic() - started)
             if lease.end_of_data:
                 log.info("the buffer has no more prompts: generation is done")
@@ -188,7 +189,7 @@ class RolloutWorker:
                     for prompt, samples in zip(batch.lease.prompts, batch.samples, strict=True)]
         flat = [r for per_prompt in requests for r in per_prompt]
         started = time.monotonic()
-        results = self._persist(lambda: self.reward.score_batch(flat), "score")
+        results = self._persist(lambda: self.reward.score_batch(flat), "score", self.reward)
         self.metrics.reward_wait.inc(time.monotonic() - started)
         groups, offset = [], 0
         for prompt, ids, samples in zip(batch.lease.prompts, batch.prompt_ids, batch.samples, strict=True):
@@ -202,7 +203,7 @@ class RolloutWorker:
             ))
         started = time.monotonic()
         self._push(groups)
-        self._persist(lambda: self.buffer.complete(batch.lease.lease_id), "complete lease")
+        self._persist(lambda: self.buffer.complete(batch.lease.lease_id), "complete lease", self.buffer)
         self.metrics.buffer_wait.inc(time.monotonic() - started)
 
     def _push(self, groups: list[common_pb2.ExperienceGroup]) -> None:
@@ -231,13 +232,15 @@ class RolloutWorker:
 
         backoff = 0.1
         while pending:
-            if self._persist(attempt, "push"):
+            if self._persist(attempt, "push", self.buffer):
                 if self.stopping.wait(backoff):
                     raise Stopped("push")
                 backoff = min(self.config.backoff_max_seconds, backoff * 2)
 
-    def _persist(self, call, what: str):
-        return until_done(call, what=what, stop=self.stopping, max_backoff=self.config.backoff_max_seconds)
+    def _persist(self, call, what: str, peer):
+        """`call` to `peer` (a client), retried for as long as that client's retry_seconds allow."""
+        return until_done(call, what=what, stop=self.stopping, max_backoff=self.config.backoff_max_seconds,
+                          give_up_seconds=peer.config.retry_seconds)
 
     # -- for the Generate RPC and Status -----------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> tuple[list[list[Sample]], int]:

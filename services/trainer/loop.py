@@ -189,15 +189,20 @@ class TrainingLoop:
         """One PullBatch, retried while the buffer is down or restarting (a stream is not retried by the
         client, and a buffer restart must not end the run); then its acknowledgement, retried until the buffer
         answers it, as only its answer says which groups are this trainer's: giving up on a lost reply would
-        drop groups the buffer counts as received, and keeping them unanswered would train them twice."""
+        drop groups the buffer counts as received, and keeping them unanswered would train them twice. Both give up
+        after the buffer client's retry_seconds: the training fails, and a restart resumes from the checkpoint,
+        before which every group is delivered again."""
+        retry = {"stop": self.stopping, "max_backoff": PULL_BACKOFF_MAX_SECONDS,
+                 "give_up_seconds": self.config.buffer.retry_seconds}
         received = until_done(
             lambda: self.buffer.receive(self.strategy.rank, self.strategy.world_size, count,
                                         wait_seconds=self.config.batch.pull_wait_seconds),
-            what="pull", stop=self.stopping, max_backoff=PULL_BACKOFF_MAX_SECONDS)
+            what="pull", **retry)
         if not received.groups:
             return received
-        refused = until_done(lambda: self.buffer.acknowledge(received.deliveries), what="acknowledge",
-                             stop=self.stopping, max_backoff=PULL_BACKOFF_MAX_SECONDS)
+        # Retried here alone, not inside the client as well.
+        refused = until_done(lambda: self.buffer.acknowledge(received.deliveries, retry=False), what="acknowledge",
+                             **retry)
         return received.keeping(refused)
 
     def _train(self, groups: list[common_pb2.ExperienceGroup]) -> None:

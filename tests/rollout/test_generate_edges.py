@@ -43,7 +43,7 @@ def rollout(tmp_path_factory):
     config = load_config(RolloutServiceConfig, None, {
         "server.listen": "127.0.0.1:0", "server.metrics_port": None, "server.grace_seconds": 0.5,
         "worker_id": "edges", "model.path": str(model), "trainer": None, "buffer.address": buffer.address,
-        "reward_service.address": f"127.0.0.1:{free_port()}",
+        "reward_service.address": f"127.0.0.1:{free_port()}", "reward_service.retry_seconds": 3600,
         "requests.max_samples": 8, "requests.max_prompt_bytes": 4096, "requests.max_stop_strings": 2,
         "requests.max_stop_bytes": 16,
     })

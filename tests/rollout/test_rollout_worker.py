@@ -46,7 +46,7 @@ def rollout_config(model, buffer_address, reward_address, tmp_path, **overrides)
         "worker_id": "worker-a", "model.path": str(model), "trainer": None,
         "generation.num_generations": GENERATIONS, "generation.prompts_per_batch": 4,
         "buffer.address": buffer_address,
-        "reward_service.address": reward_address, "reward_service.retry_seconds": 0.5,
+        "reward_service.address": reward_address, "reward_service.retry_seconds": 120,
         "backoff_max_seconds": 0.5, "lease_wait_seconds": 0.1, **overrides,
     }
     return load_config(RolloutServiceConfig, None, settings)
