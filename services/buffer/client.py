@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
+from pydantic import ValidationError
 
 from zerobubble.buffer.allocator import keep_large_buffers_in_heap
 from zerobubble.common.client import ServiceClient
-from zerobubble.common.config import ClientConfig
+from zerobubble.common.config import ClientConfig, ConfigError
+from zerobubble.common.run_spec import RunSpec, model_expectations, require_agreement
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
@@ -42,10 +45,10 @@ class BufferClient(ServiceClient):
 
     stub_class = buffer_pb2_grpc.BufferServiceStub
 
-    def __init__(self, config: ClientConfig | str, *, tune_allocator: bool = True):
+    def __init__(self, config: ClientConfig | str, *, tune_allocator: bool = True, retries: bool = True):
         if tune_allocator:
             keep_large_buffers_in_heap()
-        super().__init__(config)
+        super().__init__(config, retries=retries)
 
     def lease(self, worker_id: str, count: int, *, timeout: float | None = None) -> buffer_pb2.LeaseReply:
         return self.unary("LeasePrompts", buffer_pb2.LeaseRequest(worker_id=worker_id, count=count),
@@ -101,10 +104,12 @@ class BufferClient(ServiceClient):
                         exc.code().name, exc.details())
         return PullResult(groups, end_of_data)
 
-    def acknowledge(self, deliveries: Sequence[int], *, timeout: float | None = None) -> list[int]:
+    def acknowledge(self, deliveries: Sequence[int], *, timeout: float | None = None,
+                    retry: bool | None = None) -> list[int]:
         """Claim received groups; returns the deliveries that may not be kept (the buffer will send them
         again). Acknowledging one twice is harmless, so a call that failed may be repeated until it answers."""
-        reply = self.unary("Acknowledge", buffer_pb2.AcknowledgeRequest(deliveries=deliveries), timeout=timeout)
+        reply = self.unary("Acknowledge", buffer_pb2.AcknowledgeRequest(deliveries=deliveries), timeout=timeout,
+                           retry=retry)
         return list(reply.refused)
 
     def commit(self, delivery: int, *, resume: bool = False, timeout: float | None = None) -> None:
@@ -115,3 +120,23 @@ class BufferClient(ServiceClient):
 
     def stats(self, *, timeout: float | None = None) -> buffer_pb2.StatsReply:
         return self.unary("Stats", buffer_pb2.StatsRequest(), timeout=timeout)
+
+    def run_spec(self, *, timeout: float | None = None) -> RunSpec:
+        """The run's spec as the buffer holds it; ConfigError when this version cannot read it."""
+        # At a service's start, before it has anything to stop: the buffer may be starting too.
+        reply = self.unary("GetRunSpec", buffer_pb2.GetRunSpecRequest(), timeout=timeout, retry=True)
+        try:
+            return RunSpec.model_validate_json(reply.spec_json)
+        except ValidationError as exc:
+            fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"the run spec from the buffer at {self.config.address} is not one this version "
+                              f"reads: {fields}") from None
+
+    def agreed_run_spec(self, expectations: dict[str, tuple[str, object]], *, model: Path,
+                        model_field: str) -> RunSpec:
+        """The run spec, once the caller's `expectations` (see require_agreement) and its model folder `model`
+        (the config's `model_field`) agree with it; RunSpecMismatch names every disagreement."""
+        spec = self.run_spec()
+        require_agreement(spec, {**expectations, **model_expectations(spec, model, model_field)},
+                          source=f"the buffer at {self.config.address}")
+        return spec

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from zerobubble.common.config import Schema, ServerConfig
 from zerobubble.common.data import DataSpec
+from zerobubble.common.run_spec import RunSpec
 
 
 class PromptsConfig(DataSpec):
@@ -36,23 +37,6 @@ class CapacityConfig(Schema):
                               "older than the newest minus this is treated as a duplicate")
 
 
-class FiltersConfig(Schema):
-    accuracy_range: tuple[float, float] | None = Field(
-        None, description="keep a group only when low <= mean answer accuracy <= high (DAPO: [0.01, 0.99])"
-    )
-    num_generations: int | None = Field(None, gt=0, description="trajectories per group (any number if null)")
-    max_staleness: int | None = Field(
-        None, ge=0, description="at pull time, drop groups generated more than this many versions ago"
-    )
-
-    @field_validator("accuracy_range")
-    @classmethod
-    def _ordered_fractions(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
-        if value is not None and not 0.0 <= value[0] <= value[1] <= 1.0:
-            raise ValueError(f"expected 0 <= low <= high <= 1, got {list(value)}")
-        return value
-
-
 class PushConfig(Schema):
     read_ahead: int = Field(
         2, ge=0, description="groups a push stream receives while the one before them is stored, so the network "
@@ -72,8 +56,6 @@ class PullConfig(Schema):
 class ValidationConfig(Schema):
     """What a pushed group may hold: anything else is refused in its ack, naming the field."""
 
-    vocab_size: int | None = Field(None, gt=0, description="token ids must be below this (the model's "
-                                   "vocabulary size); null: they are only checked to be non-negative")
     max_trajectories: int = Field(1024, gt=0, description="trajectories per group")
     max_prompt_tokens: int = Field(131_072, gt=0, description="tokens of a group's prompt")
     max_response_tokens: int = Field(131_072, gt=0, description="tokens of one trajectory's response")
@@ -107,7 +89,9 @@ class BufferServiceConfig(Schema):
     prompts: PromptsConfig
     leases: LeasesConfig = LeasesConfig()
     capacity: CapacityConfig = CapacityConfig()
-    filters: FiltersConfig = FiltersConfig()
+    run_spec: RunSpec = Field(RunSpec(), description="what every service of the run must agree on; the buffer "
+                              "enforces the group size, the staleness bound, the filter range and the vocabulary, "
+                              "and serves the whole spec to workers and the trainer (GetRunSpec)")
     push: PushConfig = PushConfig()
     pull: PullConfig = PullConfig()
     validation: ValidationConfig = ValidationConfig()
@@ -120,7 +104,6 @@ class BufferServiceConfig(Schema):
                              "oversized group is refused alone instead of breaking its stream")
         if self.capacity.max_group_bytes > self.capacity.max_bytes:
             raise ValueError("capacity.max_group_bytes must not exceed capacity.max_bytes")
-        generations = self.filters.num_generations
-        if generations is not None and generations > self.validation.max_trajectories:
-            raise ValueError("filters.num_generations must not exceed validation.max_trajectories")
+        if self.run_spec.num_generations > self.validation.max_trajectories:
+            raise ValueError("run_spec.num_generations must not exceed validation.max_trajectories")
         return self

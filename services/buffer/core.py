@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from zerobubble.buffer.config import BufferServiceConfig
-from zerobubble.buffer.filters import accuracy_rejection, group_version, is_stale
+from zerobubble.buffer.filters import accuracy_rejection, group_version
 from zerobubble.buffer.leases import PromptLeases
 from zerobubble.buffer.prompts import PromptFileError, PromptSource
 from zerobubble.buffer.store import ExperienceStore, ProducerDedup, StoredGroup
@@ -36,6 +36,7 @@ from zerobubble.buffer.validation import check_group
 from zerobubble.buffer.wal import Record, WriteAheadLog
 from zerobubble.common.conditions import AwaitableCondition
 from zerobubble.common.errors import InvalidInput, TemporarilyUnavailable, TooLarge
+from zerobubble.common.version import is_stale
 from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class Kind(IntEnum):
     STALE = 5      # a queued group was dropped at pull time as too old
     COMMIT = 6
     RESUME = 7     # the trainer restarted from a checkpoint: later deliveries come again
-    VERSION = 8    # the trainer's current policy version
+    VERSION = 8    # the consuming version the trainer set (common/version.py)
     SNAPSHOT = 9   # the whole state, first in every segment after the first
     ACKED = 10     # deliveries the receiver acknowledged: now awaiting its commit
     RETURNED = 11  # unacknowledged deliveries whose time ran out: back at the head of the queue
@@ -132,7 +133,7 @@ class Buffer:
         self.dedup = ProducerDedup(window=config.capacity.dedup_window,
                                    max_producers=config.capacity.max_producers)
         self.counters = Counters()
-        self.policy_version = 0
+        self.policy_version = 0  # the consuming version (common/version.py)
         # When each unacknowledged delivery goes back to the queue (by `clock`); not logged, as no stream that
         # could still acknowledge one outlives the process.
         self._ack_deadlines: dict[int, float] = {}
@@ -337,7 +338,7 @@ class Buffer:
         if group.producer_incarnation:
             meta["incarnation"] = group.producer_incarnation
         return PreparedGroup(payload, group.prompt.prompt_id, meta,
-                             accuracy_rejection(group, self.config.filters.accuracy_range), group_version(group))
+                             accuracy_rejection(group, self.config.run_spec.filter_range), group_version(group))
 
     def try_push(self, prepared: PreparedGroup) -> PushOutcome | None:
         """Store a prepared group exactly once; None while the buffer has no room for it (`has_room` says when
@@ -434,7 +435,7 @@ class Buffer:
         """Called under the lock: the stream's next group, its end-of-data mark, or None for now."""
         self._return_overdue()
         group = self.store.peek()
-        while group is not None and is_stale(group.version, self.policy_version, self.config.filters.max_staleness):
+        while group is not None and is_stale(group.version, self.policy_version, self.config.run_spec.max_staleness):
             self._log(Kind.STALE, {"gid": group.gid})
             group = self.store.peek()
         if group is not None:

@@ -1,5 +1,5 @@
-"""Dynamic sampling (DAPO's filter_range on a group's mean answer accuracy), the staleness bound, and the
-fixed set of reasons a group is not stored."""
+"""Dynamic sampling (DAPO's filter_range on a group's mean answer accuracy), a group's version, and the fixed set
+of reasons a group is not stored."""
 
 from __future__ import annotations
 
@@ -36,6 +36,3 @@ def group_version(group: common_pb2.ExperienceGroup) -> int:
     """The oldest policy version among the group's trajectories: staleness is that of its oldest sample."""
     return min(t.policy_version for t in group.trajectories)
 
-
-def is_stale(version: int, current_version: int, max_staleness: int | None) -> bool:
-    return max_staleness is not None and current_version - version > max_staleness

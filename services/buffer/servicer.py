@@ -157,6 +157,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     def Stats(self, request, context):
         return buffer_pb2.StatsReply(**self.core.stats())
 
+    @translate_errors
+    def GetRunSpec(self, request, context):
+        return buffer_pb2.GetRunSpecReply(spec_json=self.core.config.run_spec.model_dump_json())
+
 
 HANDLER_KINDS = {
     (False, False): grpc.unary_unary_rpc_method_handler,

@@ -67,7 +67,7 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
     """Refuse a malformed group of `size` serialized bytes: InvalidInput, or TooLarge over a configured limit.
 
     `policy_version` is the buffer's current one, which a trajectory may be only so far ahead of."""
-    limits = config.validation
+    limits, spec = config.validation, config.run_spec
     max_bytes = config.capacity.max_group_bytes
     if size > max_bytes:
         raise InvalidInput(f"the group is {size} bytes, over the limit of {max_bytes}", field="group")
@@ -79,15 +79,14 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
         raise InvalidInput("must not be empty", field="prompt.prompt_id")
     prompt = decode_array(group.prompt_ids, "prompt_ids", dtype="int32", ndim=1)
     _check_length(prompt, "prompt_ids", limits.max_prompt_tokens)
-    if problem := _ids_problem(prompt, limits.vocab_size):
+    if problem := _ids_problem(prompt, spec.model.vocab_size):
         raise InvalidInput(problem, field="prompt_ids")
     count = len(group.trajectories)
     if count > limits.max_trajectories:
         raise TooLarge(f"{count} trajectories, over the limit of {limits.max_trajectories}", field="trajectories")
-    num_generations = config.filters.num_generations
-    if count == 0 or (num_generations is not None and count != num_generations):
-        expected = num_generations if num_generations is not None else "at least 1"
-        raise InvalidInput(f"expected {expected} trajectories, got {count}", field="trajectories")
+    if count != spec.num_generations:
+        raise InvalidInput(f"expected {spec.num_generations} trajectories (run_spec.num_generations), got {count}",
+                           field="trajectories")
     newest = policy_version + limits.max_version_ahead
     responses, logprobs = [], []
     for i, trajectory in enumerate(group.trajectories):
@@ -114,5 +113,5 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
                                field=f"{where}.policy_version")
         responses.append(tokens)
         logprobs.append(behaviour)
-    _check_all(responses, "response_ids", lambda ids: _ids_problem(ids, limits.vocab_size))
+    _check_all(responses, "response_ids", lambda ids: _ids_problem(ids, spec.model.vocab_size))
     _check_all(logprobs, "behaviour_logprobs", _logprobs_problem)

@@ -59,12 +59,15 @@ def retry_unavailable(
 
 
 class ServiceClient:
-    """Base for the typed clients (RewardClient, ...): owns the channel and the call policy."""
+    """Base for the typed clients (RewardClient, ...): owns the channel and the call policy. `retries`: whether
+    unary calls retry UNAVAILABLE themselves; False for a caller that retries whole operations itself
+    (common/persistence.py), so that one retry loop never runs inside another."""
 
     stub_class: Callable[[grpc.Channel], Any]
 
-    def __init__(self, config: ClientConfig | str):
+    def __init__(self, config: ClientConfig | str, *, retries: bool = True):
         self.config = ClientConfig(address=config) if isinstance(config, str) else config
+        self.retries = retries
         token = self.config.bearer_token()
         if warning := self.config.exposure(token):
             log.warning(warning)
@@ -72,14 +75,16 @@ class ServiceClient:
         self.channel = open_channel(self.config)
         self.stub = self.stub_class(self.channel)
 
-    def unary(self, method: str, request: Any, *, timeout: float | None = None, retry: bool = True) -> Any:
-        """A unary call with a deadline; UNAVAILABLE is retried for `retry_seconds`."""
+    def unary(self, method: str, request: Any, *, timeout: float | None = None, retry: bool | None = None) -> Any:
+        """A unary call with a deadline; UNAVAILABLE is retried for `retry_seconds` (retry None: as the client's
+        `retries` says)."""
         rpc = getattr(self.stub, method)
         deadline = timeout or self.config.timeout_seconds
 
         def attempt():
             return rpc(request, timeout=deadline, metadata=self.metadata)
 
+        retry = self.retries if retry is None else retry
         return retry_unavailable(attempt, retry_seconds=self.config.retry_seconds if retry else 0)
 
     def stream(self, method: str, request: Any, *, timeout: float | None = None) -> Any:

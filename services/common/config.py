@@ -137,7 +137,8 @@ class ClientConfig(BearerToken):
 
     address: str = "127.0.0.1:50051"
     timeout_seconds: float = Field(30.0, gt=0, description="deadline of each call")
-    retry_seconds: float = Field(60.0, ge=0, description="keep retrying UNAVAILABLE for this long")
+    retry_seconds: float = Field(60.0, ge=0, description="how long a call is retried while the peer is unavailable "
+                                 "(a worker's or trainer's own loop: also busy or slow) before its error stands")
     max_message_bytes: int = Field(64 * 1024 * 1024, gt=0)
     tls: TLSConfig = TLSConfig()
 

@@ -123,20 +123,25 @@ class Deployment:
                   "capacity": {"max_groups": 100_000, "max_bytes": 256 * 1024**2,
                                "max_group_bytes": MAX_MESSAGE_BYTES // 2},
                   # Pulls may wait at most a second, so a pull that outlasts its deadline is a hang.
-                  "pull": {"max_wait_seconds": 1.0}}
+                  "pull": {"max_wait_seconds": 1.0},
+                  # The valid group (_group) has two trajectories.
+                  "run_spec": {"num_generations": 2, "max_new_tokens": 4}}
         configs = {
             "reward": {"server": SERVER, "math": {"workers": 1, "timeout_seconds": 2.0},
                        "sandbox": {"slots": 1, "wall_seconds": 2.0, "cpu_seconds": 2}},
             "buffer": {**buffer, "wal": {**buffer["wal"], "directory": str(directory / "buffer-wal")}},
-            "rollout": {"server": SERVER, "worker_id": "fuzz-rollout", "torch_threads": 1,
-                        "model": {"path": str(model), "device": "cpu", "dtype": "fp32"},
-                        "generation": {"max_new_tokens": 4, "num_generations": 2, "prompts_per_batch": 1},
-                        "buffer": {"address": NOWHERE, "retry_seconds": 0},
-                        "reward_service": {"address": NOWHERE, "retry_seconds": 0}, "trainer": None},
             "buffer-quiet": {**buffer, "wal": {**buffer["wal"], "directory": str(directory / "quiet-wal")}},
         }
         self.processes = {name: ServiceProcess(name, config, directory).launch() for name, config in configs.items()}
         self.processes["buffer-quiet"].ready()
+        # The worker takes the run spec and one prompt from the quiet buffer, then waits on a reward service that
+        # never answers: it pushes nothing there, and its engine is the Generate RPC's.
+        configs["rollout"] = {
+            "server": SERVER, "worker_id": "fuzz-rollout", "torch_threads": 1,
+            "model": {"path": str(model), "device": "cpu", "dtype": "fp32"}, "generation": {"prompts_per_batch": 1},
+            "buffer": {"address": self.processes["buffer-quiet"].address, "retry_seconds": 0},
+            "reward_service": {"address": NOWHERE, "retry_seconds": 86_400}, "trainer": None}
+        self.processes["rollout"] = ServiceProcess("rollout", configs["rollout"], directory).launch()
         configs["trainer"] = {
             "server": SERVER, "model": str(model), "run_dir": str(directory / "trainer-run"), "torch_threads": 1,
             "algorithm": {"preset": "GRPO", "beta": 0.0}, "batch": {"groups_per_step": 1, "pull_wait_seconds": 1.0},
@@ -287,6 +292,7 @@ def _rpc_table() -> list[Rpc]:
         Rpc("buffer", buffer["Commit"], lambda d: [buffer_pb2.CommitRequest(delivery=0)]),
         Rpc("buffer", buffer["SetPolicyVersion"], lambda d: [buffer_pb2.SetPolicyVersionRequest(version=1)]),
         Rpc("buffer", buffer["Stats"]),
+        Rpc("buffer", buffer["GetRunSpec"]),
         Rpc("rollout", rollout["Generate"], lambda d: generate, deadline_s=30.0),
         Rpc("rollout", rollout["Status"]),
         Rpc("rollout", rollout["Pause"]),

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.config import ClientConfig, load_config
 from zerobubble.common.data import DataSpec
-from zerobubble.launcher.config import UpConfig
 from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engines import make_engine
@@ -19,8 +19,7 @@ from zerobubble.rollout.prompting import RoutedPrompts
 from zerobubble.trainer.checkpoints import STATE_FILE, latest_checkpoint
 
 
-def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_service: ClientConfig | str,
-                        up: UpConfig) -> dict | None:
+def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_service: ClientConfig | str) -> dict | None:
     checkpoint = latest_checkpoint(run_dir / "trainer" / "checkpoints")
     if checkpoint is None:
         return None
@@ -31,16 +30,16 @@ def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_service: ClientCo
         return None  # the worker's periodic evaluation already had these weights
     # Sample exactly as the first worker's periodic evaluation does, so the figures compare.
     rollout = load_config(RolloutServiceConfig, run_dir / "configs" / "rollout-0.yaml")
+    spec = load_config(BufferServiceConfig, run_dir / "configs" / "buffer.yaml").run_spec
     engine = make_engine("transformers", checkpoint, device="cpu", dtype="fp32", seed=rollout.generation.seed)
-    prompts = RoutedPrompts(engine.tokenizer, rollout.reward, rollout.reward.system_prompt,
-                            rollout.generation.max_prompt_tokens)
+    prompts = RoutedPrompts(engine.tokenizer, spec, rollout.reward.system_prompt, spec.max_prompt_tokens)
     # The first worker's spec of the held-out set carries its split and column mapping.
     heldout = rollout.eval.datasets.get("heldout", DataSpec(path=eval_data))
     eval_config = rollout.eval.model_copy(update={"datasets": {"heldout": heldout}})
     with RewardClient(reward_service) as reward:
         evaluator = Evaluator(eval_config, prompts=prompts, reward=reward,
                               metrics=RolloutMetrics(CollectorRegistry()),
-                              max_new_tokens=up.pipeline.max_new_tokens, stop=tuple(rollout.generation.stop),
+                              max_new_tokens=spec.max_new_tokens, stop=tuple(rollout.generation.stop),
                               seed=rollout.generation.seed)
         try:
             return evaluator.run(engine, "heldout", version)

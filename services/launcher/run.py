@@ -20,6 +20,7 @@ from pathlib import Path
 
 from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.config import TOKEN_ENV, ClientConfig, ConfigError, load_config
+from zerobubble.common.run_spec import RunSpec, model_identity, require_agreement
 from zerobubble.launcher.assets import RunAssets, prepare_assets
 from zerobubble.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.launcher.processes import ServiceFailed, ServiceProcess
@@ -76,8 +77,7 @@ class Run:
             {"server": SERVER, "math": {"workers": 1}}, config.reward))
         trainer_tree = merge({
             "server": SERVER, "model": assets.model, "run_dir": self.run_dir / "trainer",
-            "resume": self.resume, "batch": {"max_new_tokens": pipeline.max_new_tokens},
-            "torch_threads": pipeline.torch_threads,
+            "resume": self.resume, "torch_threads": pipeline.torch_threads,
             # Where the rollout's evaluations land, for the trainer's dashboards (when it has any).
             "tracking": {"eval_summary": self.run_dir / "eval" / "summary.jsonl"},
         }, config.trainer)
@@ -86,28 +86,29 @@ class Run:
             trainer_config.batch.groups_per_rank(config.trainer_processes)
         except ConfigError as exc:
             raise ConfigError(f"trainer section: {exc} (trainer_processes)") from None
-        algorithm = trainer_config.algorithm_config()
-        queued_steps = 1 if pipeline.max_staleness == 0 else 2
+        spec = build_run_spec(config, trainer_config, assets.model)
+        # What the trainer and rollout sections state of the run is checked now, not when those services start.
+        rollout_config = validated(RolloutServiceConfig, merge({"model": {"path": assets.model}}, config.rollout),
+                                   "rollout section")
+        for section in (trainer_config, rollout_config):
+            require_agreement(spec, section.expectations(), source="the buffer section's run_spec and pipeline")
+        queued_steps = 1 if spec.max_staleness == 0 else 2
         buffer = self.start("buffer", "buffer", BufferServiceConfig, merge({
             "server": SERVER, "prompts": {"path": assets.train},
             # Workers stop leasing when two steps of groups wait (one, strictly on-policy): generating further
             # ahead would only make samples the staleness bound throws away.
             "capacity": {"max_groups": queued_steps * trainer_config.batch.groups_per_step},
             "wal": {"directory": self.run_dir / "buffer-wal"},
-            "filters": {"num_generations": pipeline.num_generations, "max_staleness": pipeline.max_staleness,
-                        "accuracy_range": algorithm.filter_range},
-        }, config.buffer))
+        }, {**config.buffer, "run_spec": spec.model_dump(mode="json")}))
         trainer = self.start("trainer", "trainer", TrainerServiceConfig,
                              merge(trainer_tree, {"buffer": {"address": buffer.address, **TOKEN}}),
                              restart_overrides=("resume=true",), processes=config.trainer_processes)
         for i in range(pipeline.rollout_workers):
             tree = {
                 "server": SERVER, "worker_id": f"rollout-{i}", "model": {"path": assets.model},
-                "generation": {"num_generations": pipeline.num_generations,
-                               "max_new_tokens": pipeline.max_new_tokens, "seed": 1000 * i},
+                "generation": {"seed": 1000 * i},
                 "buffer": {"address": buffer.address, **TOKEN}, "reward_service": {"address": reward.address, **TOKEN},
                 "trainer": {"address": trainer.address, **TOKEN}, "torch_threads": pipeline.torch_threads,
-                "max_policy_lag": pipeline.max_staleness,
             }
             if i == 0 and assets.eval is not None:
                 # A resumed run has its before-training evaluation; the worker's first weights are the base model's.
@@ -136,6 +137,18 @@ class Run:
         if self.tether is not None:
             self.tether.release()
             self.tether = None
+
+
+def build_run_spec(config: UpConfig, trainer: TrainerServiceConfig, model: Path) -> RunSpec:
+    """The run's spec, built once: the pipeline's knobs, the trainer's algorithm preset and the model's identity,
+    under whatever the buffer section's run_spec sets itself."""
+    pipeline = config.pipeline
+    derived = {
+        "algorithm": trainer.algorithm.preset, "model": model_identity(model).model_dump(),
+        "num_generations": pipeline.num_generations, "max_new_tokens": pipeline.max_new_tokens,
+        "max_staleness": pipeline.max_staleness,
+    }
+    return validated(RunSpec, merge(derived, config.buffer.get("run_spec", {})), "buffer section: run_spec")
 
 
 def _interrupt(signum, _frame):
@@ -187,7 +200,7 @@ def final_eval(run: Run, assets: RunAssets) -> None:
     from zerobubble.launcher.final_eval import evaluate_checkpoint
 
     reward = next(p for p in run.services if p.service == "reward")
-    evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward), run.config)
+    evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward))
 
 
 def track_evaluations(run: Run) -> None:

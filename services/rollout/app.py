@@ -28,6 +28,15 @@ class RolloutHost(ServiceHost):
     """Serves the worker's RPCs and runs its loop on a thread; the process ends with 1 if the loop fails."""
 
     def __init__(self, config: RolloutServiceConfig):
+        # Before anything expensive: a worker that disagrees with the run must not start generating.
+        # The worker's loop retries its calls itself (common/persistence.py).
+        self.buffer = BufferClient(config.buffer, retries=False)
+        try:
+            self.spec = self.buffer.agreed_run_spec(config.expectations(), model=config.model.path,
+                                                    model_field="model.path")
+        except BaseException:
+            self.buffer.close()
+            raise
         super().__init__("rollout", config.server)
         model = config.model
         if config.torch_threads:
@@ -39,8 +48,7 @@ class RolloutHost(ServiceHost):
                                   seed=config.generation.seed)
         metrics = RolloutMetrics(self.registry)
         metrics.policy_version.set(self.engine.policy_version)
-        self.buffer = BufferClient(config.buffer)
-        self.reward = RewardClient(config.reward_service)
+        self.reward = RewardClient(config.reward_service, retries=False)
         self.receiver = None
         if config.trainer is not None:
             from zerobubble.rollout.weight_receiver import WeightReceiver
@@ -49,15 +57,15 @@ class RolloutHost(ServiceHost):
             self.receiver = WeightReceiver(TrainerClient(config.trainer), config.worker_id,
                                            device=device,
                                            registry=self.registry)
-        self.worker = RolloutWorker(config, self.engine, self.buffer, self.reward, metrics=metrics,
+        self.worker = RolloutWorker(config, self.spec, self.engine, self.buffer, self.reward, metrics=metrics,
                                     receiver=self.receiver)
         if config.eval.datasets:
             self.worker.evaluator = Evaluator(
                 config.eval, prompts=self.worker.routed, reward=self.reward,
-                metrics=metrics, max_new_tokens=config.generation.max_new_tokens,
+                metrics=metrics, max_new_tokens=self.spec.max_new_tokens,
                 stop=tuple(config.generation.stop), seed=config.generation.seed,
             )
-        self.generate_calls = GenerateCalls(self.worker, config.generate_limits())
+        self.generate_calls = GenerateCalls(self.worker, config.generate_limits(self.spec))
         self.add(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
                  RolloutServicer(self.worker, self.generate_calls, model.engine), "zerobubble.v1.RolloutService")
         self._worker_thread = threading.Thread(target=self._run_worker, name="rollout-worker", daemon=True)

@@ -69,15 +69,17 @@ def worker_rate(model: Path, train: Path, folder: Path, *, samples: int, max_new
     reward = build_reward(load_config(RewardServiceConfig, None, {**QUIET_SERVER, "math.workers": 1})).start()
     buffer = build_buffer(load_config(BufferServiceConfig, None, {
         **QUIET_SERVER, "prompts.path": str(train), "prompts.shuffle": False, "wal.directory": str(folder / "wal"),
-        "wal.fsync": "never", "filters.num_generations": samples,
+        "wal.fsync": "never", "run_spec.num_generations": samples,
+        "run_spec.max_new_tokens": max_new_tokens,
+        # The bare engine's baseline samples at one temperature throughout.
+        "run_spec.sampling.temperature_annealing": False,
     })).start()
     host = None
     try:
         config = load_config(RolloutServiceConfig, None, {
             **QUIET_SERVER, "worker_id": "bench-worker", "model.path": str(model), "model.device": "cpu",
             "trainer": None, "torch_threads": threads, "buffer.address": buffer.address,
-            "reward_service.address": reward.address, "generation.num_generations": samples,
-            "generation.prompts_per_batch": batch_prompts, "generation.max_new_tokens": max_new_tokens,
+            "reward_service.address": reward.address, "generation.prompts_per_batch": batch_prompts,
             "generation.seed": WORKER_SEED, "lease_wait_seconds": 0.02,
         })
         host = build_rollout(config)

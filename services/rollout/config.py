@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from zerobubble.common.config import ClientConfig, Schema, ServerConfig
 from zerobubble.common.data import DataSpec
-from zerobubble.common.routing import VerifierRouting
+from zerobubble.common.run_spec import RunSpec
 
 
 def _default_worker_id() -> str:
@@ -26,28 +26,32 @@ class ModelConfig(Schema):
 
 
 class GenerationConfig(Schema):
-    num_generations: int = Field(8, gt=0, description="responses per prompt: one experience group")
+    """What this worker alone decides. The group size, the token limits and the temperature schedule are the run
+    spec's (the buffer's); a value set here is only an expectation, and the worker refuses to start on a mismatch."""
+
+    num_generations: int | None = Field(None, gt=0, description="expected run_spec.num_generations (null: the spec's)")
     prompts_per_batch: int = Field(8, gt=0, description="prompts leased and generated together")
-    temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, description="-1 turns it off")
-    max_new_tokens: int = Field(256, gt=0)
-    max_prompt_tokens: int = Field(512, gt=0, description="longer prompts lose the start of their content, "
-                                   "never the chat template around it")
+    max_new_tokens: int | None = Field(None, gt=0, description="expected run_spec.max_new_tokens (null: the spec's)")
+    max_prompt_tokens: int | None = Field(None, gt=0, description="expected run_spec.max_prompt_tokens (null: the "
+                                          "spec's)")
     stop: list[str] = Field(default_factory=list)
     seed: int = 0
-    anneal_temperature: bool = Field(False, description="the reference's first-epoch annealing: from "
-                                     "`temperature` linearly towards `anneal_to` over the first epoch")
-    anneal_to: float = Field(0.9, ge=0)
+
+    def expectations(self) -> dict[str, tuple[str, object]]:
+        """What this section states of the run spec, by spec field."""
+        return {name: (f"generation.{name}", getattr(self, name))
+                for name in ("num_generations", "max_new_tokens", "max_prompt_tokens")}
 
 
 class RequestLimits(Schema):
     """Bounds on one Generate call, checked before anything of it is tokenized or generated. In tokens, a raw
-    prompt must fit in generation.max_prompt_tokens, and a chat prompt is cut to it as the worker's own are."""
+    prompt must fit in the run spec's max_prompt_tokens, and a chat prompt is cut to it as the worker's own are."""
 
     max_samples: int | None = Field(None, gt=0, description="Generate: n x prompts, so also n and the number of "
                                     "prompts (null: the worker's own batch, num_generations x prompts_per_batch)")
-    max_new_tokens: int | None = Field(None, gt=0, description="Generate: null: generation.max_new_tokens")
+    max_new_tokens: int | None = Field(None, gt=0, description="Generate: null: run_spec.max_new_tokens")
     max_prompt_bytes: int = Field(64 * 1024, gt=0, description="Generate: UTF-8 bytes of one prompt as sent")
     max_stop_strings: int = Field(8, ge=0, description="Generate: stop strings of one call")
     max_stop_bytes: int = Field(256, gt=0, description="Generate: UTF-8 bytes of one stop string")
@@ -55,7 +59,9 @@ class RequestLimits(Schema):
                            "more are refused with RESOURCE_EXHAUSTED")
 
 
-class RewardConfig(VerifierRouting):
+class RewardConfig(Schema):
+    verifier: str | None = Field(None, description="expected run_spec.verifier, the default verifier (null: the "
+                                 "spec's)")
     system_prompt: str | None = Field(None, description="default: the reference's prompt for each row's verifier "
                                       "(none for verifiers the reward service's config adds)")
     partial_credit: bool = Field(False, description="code: reward the fraction of tests passed")
@@ -88,20 +94,19 @@ class RolloutServiceConfig(Schema):
     )
     torch_threads: int | None = Field(None, gt=0, description="CPU threads of torch in this process (null: "
                                       "torch's default, all cores); on a shared small machine 1 avoids contention")
-    max_policy_lag: int | None = Field(
-        None, ge=0, description="generate only with weights at most this many versions behind the trainer's "
-        "(as the lease reports it), waiting for new weights otherwise; set it to the buffer's max_staleness so "
-        "groups are not made only to be dropped as stale. null: never wait")
     backoff_max_seconds: float = Field(5.0, gt=0, description="longest pause between retries of a lost peer")
     lease_wait_seconds: float = Field(0.5, gt=0, description="pause before asking again after an empty lease")
 
-    def generate_limits(self) -> RequestLimits:
-        """The Generate call's bounds, the unset ones being the worker's own."""
-        generation = self.generation
+    def generate_limits(self, spec: RunSpec) -> RequestLimits:
+        """The Generate call's bounds, the unset ones being the worker's own batch under the run spec."""
         return self.requests.model_copy(update={
-            "max_samples": self.requests.max_samples or generation.num_generations * generation.prompts_per_batch,
-            "max_new_tokens": self.requests.max_new_tokens or generation.max_new_tokens,
+            "max_samples": self.requests.max_samples or spec.num_generations * self.generation.prompts_per_batch,
+            "max_new_tokens": self.requests.max_new_tokens or spec.max_new_tokens,
         })
+
+    def expectations(self) -> dict[str, tuple[str, object]]:
+        """What this config states of the run spec, by spec field (checked against the buffer's at start)."""
+        return {**self.generation.expectations(), "verifier": ("reward.verifier", self.reward.verifier)}
 
     @model_validator(mode="after")
     def _eval_needs_interval(self) -> RolloutServiceConfig:

@@ -47,7 +47,7 @@ class GenerateCalls:
         limits = self.limits
         if sampling.max_new_tokens > limits.max_new_tokens:
             raise TooLarge(f"{sampling.max_new_tokens} is over the limit of {limits.max_new_tokens} "
-                           "(requests.max_new_tokens, by default generation.max_new_tokens)", "sampling.max_new_tokens")
+                           "(requests.max_new_tokens, by default run_spec.max_new_tokens)", "sampling.max_new_tokens")
         samples = f"the limit of {limits.max_samples} samples (requests.max_samples, by default the worker's batch)"
         if sampling.n > limits.max_samples:
             raise TooLarge(f"{sampling.n} is over {samples}", "sampling.n")
@@ -77,6 +77,6 @@ class GenerateCalls:
         if not ids:
             raise InvalidInput("the text encodes to no tokens", field)
         if len(ids) > builder.max_prompt_tokens:
-            raise TooLarge(f"{len(ids)} tokens are over generation.max_prompt_tokens={builder.max_prompt_tokens} "
+            raise TooLarge(f"{len(ids)} tokens are over run_spec.max_prompt_tokens={builder.max_prompt_tokens} "
                            "(a raw prompt is not cut)", field)
         return ids

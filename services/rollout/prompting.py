@@ -85,7 +85,7 @@ class PromptBuilder:
                     return ids
                 keep -= max(1, len(ids) - self.max_prompt_tokens)
         raise PromptTooLong(
-            f"more than generation.max_prompt_tokens={self.max_prompt_tokens} tokens even without the content of "
+            f"more than run_spec.max_prompt_tokens={self.max_prompt_tokens} tokens even without the content of "
             "its last user message (the chat template, the system prompt and any other messages take that alone)"
         )
 

@@ -25,7 +25,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         samples, version = self.calls.generate(
             request.prompts, raw=request.raw, n=params.n or 1, temperature=params.temperature,
             top_p=params.top_p or 1.0, top_k=params.top_k or -1,
-            max_new_tokens=params.max_new_tokens or self.worker.config.generation.max_new_tokens,
+            max_new_tokens=params.max_new_tokens or self.worker.spec.max_new_tokens,
             stop=params.stop,
         )
         reply = rollout_pb2.GenerateReply(policy_version=version)

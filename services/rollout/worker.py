@@ -18,6 +18,8 @@ import grpc
 from zerobubble.buffer.client import BufferClient
 from zerobubble.buffer.filters import not_stored_label
 from zerobubble.common.persistence import Stopped, until_done
+from zerobubble.common.run_spec import RunSpec
+from zerobubble.common.version import oldest_fresh_version
 from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
@@ -38,25 +40,18 @@ class GeneratedBatch:
     temperature: float
 
 
-def annealed_temperature(start: float, end: float, epoch: int, progress: float) -> float:
-    """The reference's first-episode annealing: linear from `start` towards `end`, then `end`."""
-    if epoch > 0:
-        return end
-    return start + (end - start) * min(max(progress, 0.0), 1.0)
-
-
 class RolloutWorker:
-    def __init__(self, config: RolloutServiceConfig, engine: Engine, buffer: BufferClient, reward: RewardClient,
-                 *, metrics: RolloutMetrics, receiver=None, evaluator=None):
+    def __init__(self, config: RolloutServiceConfig, spec: RunSpec, engine: Engine, buffer: BufferClient,
+                 reward: RewardClient, *, metrics: RolloutMetrics, receiver=None, evaluator=None):
         self.config = config
+        self.spec = spec
         self.engine = engine
         self.buffer = buffer
         self.reward = reward
         self.metrics = metrics
         self.receiver = receiver
         self.evaluator = evaluator
-        self.routed = RoutedPrompts(engine.tokenizer, config.reward, config.reward.system_prompt,
-                                    config.generation.max_prompt_tokens)
+        self.routed = RoutedPrompts(engine.tokenizer, spec, config.reward.system_prompt, spec.max_prompt_tokens)
         self.prompts = self.routed.default
         # One engine, shared with the Generate RPC: whoever holds this lock is generating or loading weights.
         self.engine_lock = threading.Lock()
@@ -113,7 +108,8 @@ class RolloutWorker:
             self.safe_point()
             started = time.monotonic()
             lease = self._persist(lambda: self.buffer.lease(self.config.worker_id,
-                                                            self.config.generation.prompts_per_batch), "lease")
+                                                            self.config.generation.prompts_per_batch),
+                                  "lease", self.buffer)
             self.metrics.buffer_wait.inc(time.monotonic() - started)
             if lease.end_of_data:
                 log.info("the buffer has no more prompts: generation is done")
@@ -143,12 +139,11 @@ class RolloutWorker:
             with self.engine_lock:
                 self.evaluator.maybe_run(self.engine)
 
-    def _catch_up(self, trainer_version: int) -> None:
-        """Wait until the engine's weights are within max_policy_lag of the trainer's version."""
-        lag = self.config.max_policy_lag
-        if lag is None or self.receiver is None:
+    def _catch_up(self, consuming_version: int) -> None:
+        """Wait until the engine's weights are fresh enough for the run's staleness bound."""
+        if self.spec.max_staleness is None or self.receiver is None:
             return
-        wanted = trainer_version - lag
+        wanted = oldest_fresh_version(consuming_version, self.spec.max_staleness)
         while self.engine.policy_version < wanted and not self.stopping.is_set():
             self.receiver.wait_for(wanted, timeout=1.0)
             with self.engine_lock:
@@ -156,14 +151,12 @@ class RolloutWorker:
         self.metrics.policy_version.set(self.engine.policy_version)
 
     def _generate(self, lease: buffer_pb2.LeaseReply) -> GeneratedBatch:
-        gen = self.config.generation
-        temperature = gen.temperature
-        if gen.anneal_temperature:
-            progress = lease.epoch_finished / lease.epoch_size if lease.epoch_size else 0.0
-            temperature = annealed_temperature(gen.temperature, gen.anneal_to, lease.prompts[0].epoch, progress)
+        gen, spec = self.config.generation, self.spec
+        progress = lease.epoch_finished / lease.epoch_size if lease.epoch_size else 0.0
+        temperature = spec.sampling.temperature_at(lease.prompts[0].epoch, progress)
         sampling = SamplingSettings(
-            n=gen.num_generations, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
-            max_new_tokens=gen.max_new_tokens, stop=tuple(gen.stop), seed=gen.seed + self._batches,
+            n=spec.num_generations, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
+            max_new_tokens=spec.max_new_tokens, stop=tuple(gen.stop), seed=gen.seed + self._batches,
         )
         self._batches += 1
         prompt_ids = [self.routed.build(p) for p in lease.prompts]
@@ -198,7 +191,7 @@ class RolloutWorker:
                                                     strict=True)]
         flat = [r for per_prompt in requests for r in per_prompt]
         started = time.monotonic()
-        results = self._persist(lambda: self.reward.score_batch(flat), "score")
+        results = self._persist(lambda: self.reward.score_batch(flat), "score", self.reward)
         self.metrics.reward_wait.inc(time.monotonic() - started)
         groups, offset = [], 0
         for prompt, ids, samples in zip(batch.lease.prompts, batch.prompt_ids, batch.samples, strict=True):
@@ -212,7 +205,7 @@ class RolloutWorker:
             ))
         started = time.monotonic()
         self._push(groups)
-        self._persist(lambda: self.buffer.complete(batch.lease.lease_id), "complete lease")
+        self._persist(lambda: self.buffer.complete(batch.lease.lease_id), "complete lease", self.buffer)
         self.metrics.buffer_wait.inc(time.monotonic() - started)
 
     def _push(self, groups: list[common_pb2.ExperienceGroup]) -> None:
@@ -241,13 +234,15 @@ class RolloutWorker:
 
         backoff = 0.1
         while pending:
-            if self._persist(attempt, "push"):
+            if self._persist(attempt, "push", self.buffer):
                 if self.stopping.wait(backoff):
                     raise Stopped("push")
                 backoff = min(self.config.backoff_max_seconds, backoff * 2)
 
-    def _persist(self, call, what: str):
-        return until_done(call, what=what, stop=self.stopping, max_backoff=self.config.backoff_max_seconds)
+    def _persist(self, call, what: str, peer):
+        """`call` to `peer` (a client), retried for as long as that client's retry_seconds allow."""
+        return until_done(call, what=what, stop=self.stopping, max_backoff=self.config.backoff_max_seconds,
+                          give_up_seconds=peer.config.retry_seconds)
 
     # -- for the Generate RPC and Status -----------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> tuple[list[list[Sample]], int]:

@@ -75,6 +75,13 @@ class TrainerHost(ServiceHost):
     done, 1 if it failed."""
 
     def __init__(self, config: TrainerServiceConfig):
+        # Before the model loads: a trainer that disagrees with the run must not train on its groups.
+        self.buffer = BufferClient(config.buffer)
+        try:
+            self.spec = self.buffer.agreed_run_spec(config.expectations(), model=config.model, model_field="model")
+        except BaseException:
+            self.buffer.close()
+            raise
         rank = int(os.environ.get("RANK", "0"))
         config.batch.groups_per_rank(int(os.environ.get("WORLD_SIZE", "1")))
         server = config.server if rank == 0 else config.server.model_copy(
@@ -86,15 +93,14 @@ class TrainerHost(ServiceHost):
         self.trainer_config = config
         write_config(config, config.run_dir)
         self.strategy = make_strategy(config.strategy, config.model)
-        algorithm = config.algorithm_config()
+        algorithm = config.algorithm
         reference = None
         if algorithm.beta > 0:
             reference = reference_model(config, self.strategy.device, self.strategy.dtype)
         settings = UpdateSettings(config.batch.mini_batches, config.batch.micro_batch_samples,
-                                  config.batch.max_new_tokens)
+                                  self.spec.max_new_tokens)
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.buffer = BufferClient(config.buffer)
         self.broadcaster = None
         if config.weight_sync is not None and self.strategy.rank == 0:
             self.broadcaster = WeightBroadcaster(config.weight_sync, self.registry).start()

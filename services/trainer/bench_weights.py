@@ -25,7 +25,8 @@ from torch.distributed import TCPStore
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from zerobubble.common.weight_sync import MIB, Manifest, form_group, start_broadcast, wait_broadcast
-from zerobubble.trainer.broadcaster import WeightBroadcaster, WeightSyncConfig
+from zerobubble.trainer.broadcaster import WeightBroadcaster
+from zerobubble.trainer.sync_config import WeightSyncConfig
 
 # Parameter counts with tied embeddings: tiny ~0.1M (tests), 125m ~128M, 500m ~494M (Qwen2.5-0.5B's shape).
 SIZES: dict[str, dict] = {

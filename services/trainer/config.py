@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from zerobubble.common.config import ClientConfig, ConfigError, Schema, ServerConfig
-from zerobubble.trainer.algorithms.presets import AlgorithmConfig, algorithm_config
-from zerobubble.trainer.broadcaster import WeightSyncConfig
+from zerobubble.trainer.algorithms.presets import AlgorithmConfig
 from zerobubble.trainer.strategies.base import StrategyConfig
+from zerobubble.trainer.sync_config import WeightSyncConfig
 
 
 class BatchConfig(Schema):
@@ -21,8 +21,8 @@ class BatchConfig(Schema):
                                           "whole step, one update)")
     micro_batch_samples: int = Field(16, gt=0, description="samples per forward/backward pass (gradients "
                                      "accumulate over a mini-batch)")
-    max_new_tokens: int = Field(256, gt=0, description="the rollout's limit: used by the constant loss "
-                                "normalisation and the overlong rules")
+    max_new_tokens: int | None = Field(None, gt=0, description="expected run_spec.max_new_tokens (null: the "
+                                       "spec's, which the constant loss normalisation and overlong rules use)")
     pull_wait_seconds: float = Field(5.0, gt=0, description="how long one pull waits for groups")
 
     @property
@@ -104,11 +104,8 @@ class TrainerServiceConfig(Schema):
     model: Path = Field(description="the HF-format model folder to start from")
     run_dir: Path = Field(Path("runs/trainer"), description="checkpoints and metrics.jsonl go here")
     resume: bool = Field(False, description="continue from the newest checkpoint in run_dir")
-    algorithm: dict[str, Any] = Field(
-        default_factory=lambda: {"preset": "GRPO"},
-        description="`preset` (GRPO, DAPO, RLOO, REINFORCE_PPB, DR_GRPO, GSPO) plus any field of the "
-        "algorithm to override, e.g. {preset: DAPO, clip_high: 0.3}",
-    )
+    algorithm: AlgorithmConfig = Field(AlgorithmConfig(), description="a preset plus any field of it to override, "
+                                       "e.g. {preset: DAPO, clip_high: 0.3}")
     strategy: StrategyConfig = StrategyConfig()
     batch: BatchConfig = BatchConfig()
     weight_sync: WeightSyncConfig | None = Field(
@@ -121,11 +118,7 @@ class TrainerServiceConfig(Schema):
                                       "torch's default, all cores); on a shared small machine 1 avoids contention")
     seed: int = 0
 
-    @model_validator(mode="after")
-    def _valid_algorithm(self) -> TrainerServiceConfig:
-        self.algorithm_config()
-        return self
-
-    def algorithm_config(self) -> AlgorithmConfig:
-        values = dict(self.algorithm)
-        return algorithm_config(values.pop("preset", "GRPO"), **values)
+    def expectations(self) -> dict[str, tuple[str, object]]:
+        """What this config states of the run spec, by spec field (checked against the buffer's at start)."""
+        return {"algorithm": ("algorithm.preset", self.algorithm.preset),
+                "max_new_tokens": ("batch.max_new_tokens", self.batch.max_new_tokens)}

@@ -26,6 +26,7 @@ from transformers import AutoConfig
 from zerobubble.buffer.client import BufferClient, PullResult
 from zerobubble.common.errors import Unavailable
 from zerobubble.common.persistence import Stopped, until_done
+from zerobubble.common.version import next_version, staleness
 from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
 from zerobubble.trainer.collate import ExperienceBatch, collate, unusable
 from zerobubble.trainer.config import TrainerServiceConfig
@@ -42,7 +43,7 @@ PULL_BACKOFF_MAX_SECONDS = 2.0
 def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
     """What the step trained on: accuracy, lengths, truncation, and how stale the samples were."""
     lengths = batch.response_lengths.float()
-    behind = (policy_version - batch.versions).float()
+    behind = staleness(batch.versions, policy_version).float()
     return {
         "answer_accuracy": float(batch.answer_ok.float().mean()),
         "format_accuracy": float(batch.format_ok.float().mean()),
@@ -162,10 +163,10 @@ class TrainingLoop:
             if not self._every_rank_has(groups):
                 break
             if self.strategy.rank == 0:
-                # Groups pushed from now on train the next version: staleness and the workers' lag count from it,
+                # Groups pushed from now on are consumed by the next version: staleness counts from it,
                 # so a strictly on-policy worker waits for the new weights instead of generating for a step
                 # already pulled (whose groups the buffer would then drop as stale).
-                self.buffer.set_policy_version(self.policy_version + 1)
+                self.buffer.set_policy_version(next_version(self.policy_version))
             self._train(groups)
             self.delivered = max(self.delivered, last_delivery)
             if self.step % self.config.checkpoint.interval_steps == 0:
@@ -230,15 +231,20 @@ class TrainingLoop:
         """One PullBatch, retried while the buffer is down or restarting (a stream is not retried by the
         client, and a buffer restart must not end the run); then its acknowledgement, retried until the buffer
         answers it, as only its answer says which groups are this trainer's: giving up on a lost reply would
-        drop groups the buffer counts as received, and keeping them unanswered would train them twice."""
+        drop groups the buffer counts as received, and keeping them unanswered would train them twice. Both give up
+        after the buffer client's retry_seconds: the training fails, and a restart resumes from the checkpoint,
+        before which every group is delivered again."""
+        retry = {"stop": self.stopping, "max_backoff": PULL_BACKOFF_MAX_SECONDS,
+                 "give_up_seconds": self.config.buffer.retry_seconds}
         received = until_done(
             lambda: self.buffer.receive(self.strategy.rank, self.strategy.world_size, count,
                                         wait_seconds=self.config.batch.pull_wait_seconds),
-            what="pull", stop=self.stopping, max_backoff=PULL_BACKOFF_MAX_SECONDS)
+            what="pull", **retry)
         if not received.groups:
             return received
-        refused = until_done(lambda: self.buffer.acknowledge(received.deliveries), what="acknowledge",
-                             stop=self.stopping, max_backoff=PULL_BACKOFF_MAX_SECONDS)
+        # Retried here alone, not inside the client as well.
+        refused = until_done(lambda: self.buffer.acknowledge(received.deliveries, retry=False), what="acknowledge",
+                             **retry)
         return received.keeping(refused)
 
     def _train(self, groups: list[common_pb2.ExperienceGroup]) -> None:

@@ -45,6 +45,7 @@ def settings(tmp_path: Path, prompts: int = 8, **overrides: Any) -> dict[str, An
         "server.listen": "127.0.0.1:0",
         "server.metrics_port": None,
         "server.grace_seconds": 0.5,
+        "run_spec.num_generations": 4,   # make_group's default
     }
     values.update({key.replace("__", "."): value for key, value in overrides.items()})
     return values

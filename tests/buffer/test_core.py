@@ -73,7 +73,7 @@ def test_retried_push_and_second_group_for_a_prompt_are_stored_once(open_buffer)
 
 
 def test_accuracy_filter_drops_counts_and_finishes_the_prompt(open_buffer):
-    buffer = open_buffer(prompts=2, filters__accuracy_range=[0.01, 0.99])
+    buffer = open_buffer(prompts=2, run_spec__filter_range=[0.01, 0.99])
     solved, mixed = buffer.lease_prompts("w", 2).prompts
     outcome = buffer.push(make_group(solved, "w", 0, correct=4))
     assert not outcome.stored and "accuracy 1.000 outside" in outcome.filtered
@@ -84,7 +84,7 @@ def test_accuracy_filter_drops_counts_and_finishes_the_prompt(open_buffer):
 
 
 def test_stale_groups_are_dropped_at_pull_time(open_buffer):
-    buffer = open_buffer(prompts=3, filters__max_staleness=1)
+    buffer = open_buffer(prompts=3, run_spec__max_staleness=1)
     old, fresh, recent = buffer.lease_prompts("w", 3).prompts
     buffer.push(make_group(old, "w", 0, version=0))
     buffer.push(make_group(fresh, "w", 1, version=2))
@@ -95,7 +95,7 @@ def test_stale_groups_are_dropped_at_pull_time(open_buffer):
 
 
 def test_few_surviving_groups_do_not_hang_the_trainer(open_buffer):
-    buffer = open_buffer(prompts=4, filters__accuracy_range=[0.01, 0.99])
+    buffer = open_buffer(prompts=4, run_spec__filter_range=[0.01, 0.99])
     prompts = buffer.lease_prompts("w", 4).prompts
     buffer.push(make_group(prompts[0], "w", 0, correct=2))
     for i, prompt in enumerate(prompts[1:], start=1):
@@ -275,7 +275,7 @@ BAD_GROUPS = {
 
 @pytest.mark.parametrize("field", BAD_GROUPS)
 def test_bad_groups_are_refused_whole_naming_the_field(open_buffer, field):
-    buffer = open_buffer(prompts=2, filters__num_generations=4, capacity__max_group_bytes=4096)
+    buffer = open_buffer(prompts=2, run_spec__num_generations=4, capacity__max_group_bytes=4096)
     prompt = buffer.lease_prompts("w", 1).prompts[0]
     group = make_group(prompt, "w", 0)
     BAD_GROUPS[field](group)
@@ -307,7 +307,7 @@ def test_bad_requests_name_the_field(open_buffer):
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        ({"filters.accuracy_range": [0.9, 0.1]}, "filters.accuracy_range"),
+        ({"run_spec.filter_range": [0.9, 0.1]}, "run_spec.filter_range"),
         ({"capacity.max_group_bytes": 128 * 1024 * 1024}, "capacity.max_group_bytes"),
         ({"wal.fsync": "sometimes"}, "wal.fsync"),
         ({"leases.timeout_seconds": 0}, "leases.timeout_seconds"),

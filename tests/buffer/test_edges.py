@@ -186,7 +186,7 @@ POISON = {
 
 
 def test_poisoned_groups_are_refused_in_their_own_ack_naming_the_field(serve):
-    _, client = serve(prompts=len(POISON) + 1, validation__vocab_size=300, validation__max_trajectories=8,
+    _, client = serve(prompts=len(POISON) + 1, run_spec__model__vocab_size=300, validation__max_trajectories=8,
                       validation__max_response_tokens=64, validation__max_version_ahead=10)
     prompts = list(client.lease("w", len(POISON) + 1).prompts)
     stream = []
@@ -250,7 +250,7 @@ def test_the_policy_version_only_moves_within_bounds(serve):
 # A restarted producer is a new one; metric labels come from a fixed set.
 
 def test_a_restarted_producer_counting_from_zero_again_is_stored(serve):
-    host, client = serve(prompts=9, filters__accuracy_range=[0.01, 0.99])
+    host, client = serve(prompts=9, run_spec__filter_range=[0.01, 0.99])
     prompts = list(client.lease("w", 9).prompts)
     assert all(a.stored for a in push_all(client, prompts[:4], "worker-0", "first-life"))
     after_restart = push_all(client, prompts[4:8], "worker-0", "second-life")

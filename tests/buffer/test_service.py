@@ -13,6 +13,7 @@ import pytest
 from buffer_helpers import PYTHON, make_group, prompt_key, prompts_of
 
 from zerobubble.buffer.client import BufferClient
+from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
@@ -42,7 +43,7 @@ def test_lease_push_pull_commit_round_trip(serve):
 
 @pytest.mark.parametrize("read_ahead", [0, 2])
 def test_bad_messages_are_refused_alone_and_the_stream_goes_on(serve, read_ahead):
-    _, client = serve(prompts=6, filters__num_generations=4, capacity__max_group_bytes=8192,
+    _, client = serve(prompts=6, run_spec__num_generations=4, capacity__max_group_bytes=8192,
                       push__read_ahead=read_ahead)
     prompts = lease_all(client, 6)
     torn = make_group(prompts[1], "w", 1)
@@ -199,3 +200,17 @@ def test_prompts_travel_in_both_formats(serve):
     assert prompts["0"].gt_answer == "1"
     assert list(prompts["1"].test_cases.inputs) == ["1\n"] and list(prompts["1"].test_cases.outputs) == ["2\n"]
     assert json.loads(prompts["1"].messages_json) == [{"role": "user", "content": "What is 1 + 1?"}]
+
+
+def test_the_run_spec_is_served_as_the_buffer_holds_it(serve):
+    host, client = serve(prompts=2, run_spec__algorithm="dapo", run_spec__num_generations=4,
+                         run_spec__max_staleness=1, run_spec__model__vocab_size=300)
+    spec = client.run_spec(timeout=5)
+    assert spec == host.core.config.run_spec
+    # The preset's run defaults came with it: DAPO's dynamic sampling and annealing.
+    assert (spec.algorithm, spec.num_generations, spec.max_staleness, spec.model.vocab_size) == ("DAPO", 4, 1, 300)
+    assert spec.filter_range == (0.01, 0.99) and spec.sampling.temperature_annealing
+    # On the wire it is the schema's JSON, which a client of another language reads as well.
+    with grpc.insecure_channel(host.address) as channel:
+        reply = buffer_pb2_grpc.BufferServiceStub(channel).GetRunSpec(buffer_pb2.GetRunSpecRequest(), timeout=5)
+    assert json.loads(reply.spec_json)["max_staleness"] == 1

@@ -10,6 +10,7 @@ import yaml
 
 from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.config import ClientConfig, ConfigError, TLSConfig, load_config
+from zerobubble.common.run_spec import require_agreement
 from zerobubble.common.server import ServiceHost
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
@@ -107,10 +108,11 @@ def test_clients_point_at_the_ports_services_listen_on(folder):
         assert port(rollout.buffer.address) == listen["buffer"]
         assert port(rollout.reward_service.address) == listen["reward"]
         assert port(rollout.trainer.address) == listen["trainer"]
-        # The trainer's overlong rules and loss normalisation assume the workers' generation limit.
-        assert rollout.generation.max_new_tokens == trainer.batch.max_new_tokens
-        assert buffer.filters.num_generations in (None, rollout.generation.num_generations)
+        # The run's facts are the buffer's run spec alone: a worker states none of them.
+        assert {field: value for field, (_, value) in rollout.expectations().items() if value is not None} == {}
     assert len({r.worker_id for r in rollouts}) == len(rollouts)
+    # The trainer's preset is the spec's (the trainer refuses to start otherwise).
+    require_agreement(buffer.run_spec, trainer.expectations(), source=f"deploy/{folder}/buffer.yaml")
     assert trainer.weight_sync.store_port != 0, "workers behind a firewall or NAT need a known store port"
 
 

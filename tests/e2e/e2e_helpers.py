@@ -52,7 +52,7 @@ def reward_tree(listen: str) -> dict:
 
 def buffer_tree(listen: str, prompts: Path, wal: Path, **sections) -> dict:
     return {"server": _server(listen), "prompts": {"path": prompts}, "wal": {"directory": wal},
-            "filters": {"num_generations": GENERATIONS}, **sections}
+            "run_spec": {"num_generations": GENERATIONS, "max_new_tokens": MAX_NEW_TOKENS}, **sections}
 
 
 def trainer_tree(listen: str, model: Path, run_dir: Path, buffer: str, store_host: str) -> dict:

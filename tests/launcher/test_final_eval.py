@@ -7,7 +7,6 @@ import json
 import pytest
 
 from zerobubble.common.config import ConfigError
-from zerobubble.launcher.config import UpConfig
 from zerobubble.launcher.final_eval import evaluate_checkpoint
 from zerobubble.trainer.checkpoints import STATE_FILE
 
@@ -25,7 +24,7 @@ def run_with_checkpoint(tmp_path, version: int, evaluated: list[int]):
 def test_weights_the_worker_already_evaluated_are_not_evaluated_again(tmp_path):
     run_dir = run_with_checkpoint(tmp_path, 50, evaluated=[0, 25, 50])
     # Nothing listens at the reward address and the checkpoint holds no model: evaluating would fail.
-    assert evaluate_checkpoint(run_dir, tmp_path / "eval.jsonl", "127.0.0.1:1", UpConfig()) is None
+    assert evaluate_checkpoint(run_dir, tmp_path / "eval.jsonl", "127.0.0.1:1") is None
     assert len((run_dir / "eval" / "summary.jsonl").read_text().splitlines()) == 3
 
 
@@ -33,4 +32,4 @@ def test_new_weights_are_evaluated(tmp_path):
     run_dir = run_with_checkpoint(tmp_path, 60, evaluated=[0, 25, 50])
     # It goes on to read the worker's sampling settings, which this bare run folder does not have.
     with pytest.raises(ConfigError, match="rollout-0.yaml"):
-        evaluate_checkpoint(run_dir, tmp_path / "eval.jsonl", "127.0.0.1:1", UpConfig())
+        evaluate_checkpoint(run_dir, tmp_path / "eval.jsonl", "127.0.0.1:1")

@@ -26,7 +26,7 @@ def test_the_demo_config_is_the_default_and_valid():
     config = up_config(parse())
     assert config.run_dir == Path("runs/demo") and config.model is None and config.train_data is None
     trainer = validated(TrainerServiceConfig, merge({"model": "m"}, config.trainer), "trainer section")
-    assert trainer.algorithm_config().clip_low == pytest.approx(0.2)
+    assert trainer.algorithm.clip_low == pytest.approx(0.2)
 
 
 def test_reference_flags_land_on_the_configuration():
@@ -37,10 +37,10 @@ def test_reference_flags_land_on_the_configuration():
     assert config.eval_data == Path("eval.jsonl") and config.run_dir == Path("runs/exp1")
     assert config.pipeline.num_generations == 4 and config.pipeline.rollout_workers == 2
     assert config.pipeline.max_new_tokens == 64 and config.buffer["prompts"]["epochs"] == 3
-    assert config.rollout["reward"]["verifier"] == "think_answer_tags"
+    assert config.buffer["run_spec"]["verifier"] == "think_answer_tags"
     trainer = validated(TrainerServiceConfig, merge({"model": "m"}, config.trainer), "trainer section")
-    assert trainer.algorithm_config().clip_high == pytest.approx(0.28)  # the DAPO preset
-    assert trainer.algorithm_config().beta == pytest.approx(0.05)
+    assert trainer.algorithm.clip_high == pytest.approx(0.28)  # the DAPO preset
+    assert trainer.algorithm.beta == pytest.approx(0.05)
     assert trainer.strategy.optim.lr == pytest.approx(1e-5)
     assert trainer.batch.groups_per_step == 4 and trainer.batch.mini_batches == 2
 

@@ -10,10 +10,11 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import grpc
 import pytest
-from stack import tiny_assets
+from stack import start_buffer, tiny_assets
 
 from zerobubble.common.codec import decode_array
 from zerobubble.common.config import load_config
+from zerobubble.common.run_spec import RunSpec
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
@@ -33,15 +34,16 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def rollout(tmp_path_factory):
-    """A worker whose buffer and reward service never answer: its loop waits for them, so the engine is the
-    Generate RPC's alone."""
-    model, _, _ = tiny_assets(tmp_path_factory.mktemp("tiny"), train_size=2, eval_size=1)
+    """A worker whose reward service never answers: its loop waits for it after its first batch, so the engine is
+    the Generate RPC's alone."""
+    folder = tmp_path_factory.mktemp("tiny")
+    model, train, _ = tiny_assets(folder, train_size=2, eval_size=1)
+    buffer = start_buffer(train, folder / "wal", **{"run_spec.max_new_tokens": MAX_NEW_TOKENS,
+                                                    "run_spec.max_prompt_tokens": MAX_PROMPT_TOKENS})
     config = load_config(RolloutServiceConfig, None, {
         "server.listen": "127.0.0.1:0", "server.metrics_port": None, "server.grace_seconds": 0.5,
-        "worker_id": "edges", "model.path": str(model), "trainer": None,
-        "buffer.address": f"127.0.0.1:{free_port()}", "buffer.retry_seconds": 0.5,
-        "reward_service.address": f"127.0.0.1:{free_port()}",
-        "generation.max_new_tokens": MAX_NEW_TOKENS, "generation.max_prompt_tokens": MAX_PROMPT_TOKENS,
+        "worker_id": "edges", "model.path": str(model), "trainer": None, "buffer.address": buffer.address,
+        "reward_service.address": f"127.0.0.1:{free_port()}", "reward_service.retry_seconds": 3600,
         "requests.max_samples": 8, "requests.max_prompt_bytes": 4096, "requests.max_stop_strings": 2,
         "requests.max_stop_bytes": 16,
     })
@@ -49,6 +51,7 @@ def rollout(tmp_path_factory):
     with grpc.insecure_channel(host.address) as channel:
         yield host, rollout_pb2_grpc.RolloutServiceStub(channel)
     host.stop(0.5)
+    buffer.stop(0)
 
 
 def generate(prompts=(MESSAGES,), raw=False, **sampling) -> rollout_pb2.GenerateRequest:
@@ -113,10 +116,10 @@ def test_limits_are_inclusive_and_default_to_the_worker_s_own(rollout):
                                    stop=["z", "y" * 16]), timeout=60)
     assert len(reply.completions) == 8
     assert len(stub.Generate(generate(prompts=["7 " * 20], raw=True, max_new_tokens=2), timeout=60).completions) == 1
-    # requests.max_new_tokens is not set: generation.max_new_tokens bounds the call.
+    # requests.max_new_tokens is not set: the run spec's max_new_tokens bounds the call.
     assert refusal(stub, generate(max_new_tokens=MAX_NEW_TOKENS + 1)).code() == TOO_LARGE
-    limits = RolloutServiceConfig(model={"path": "unused"}, generation={"num_generations": 4, "prompts_per_batch": 3,
-                                                                        "max_new_tokens": 100}).generate_limits()
+    limits = RolloutServiceConfig(model={"path": "unused"}, generation={"prompts_per_batch": 3}).generate_limits(
+        RunSpec(num_generations=4, max_new_tokens=100))
     assert (limits.max_samples, limits.max_new_tokens) == (12, 100)
 
 

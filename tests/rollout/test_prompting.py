@@ -7,8 +7,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
+from zerobubble.common.run_spec import SamplingSchedule
 from zerobubble.rollout.prompting import SYSTEM_PROMPTS, PromptBuilder, PromptTooLong
-from zerobubble.rollout.worker import annealed_temperature
 from zerobubble.tiny.model import make_tiny_model
 
 
@@ -39,7 +39,10 @@ def test_long_prompts_lose_the_start_of_their_content_not_the_template(tokenizer
 
 
 def test_temperature_anneals_over_the_first_epoch_only():
-    assert annealed_temperature(1.2, 0.9, 0, 0.0) == pytest.approx(1.2)
-    assert annealed_temperature(1.2, 0.9, 0, 0.5) == pytest.approx(1.05)
-    assert annealed_temperature(1.2, 0.9, 0, 1.0) == pytest.approx(0.9)
-    assert annealed_temperature(1.2, 0.9, 1, 0.1) == pytest.approx(0.9)
+    schedule = SamplingSchedule(temperature=1.2, temperature_annealing=True, annealed_temperature=0.9)
+    assert schedule.temperature_at(0, 0.0) == pytest.approx(1.2)
+    assert schedule.temperature_at(0, 0.5) == pytest.approx(1.05)
+    assert schedule.temperature_at(0, 1.0) == pytest.approx(0.9)
+    assert schedule.temperature_at(1, 0.1) == pytest.approx(0.9)
+    fixed = schedule.model_copy(update={"temperature_annealing": False})
+    assert fixed.temperature_at(0, 0.5) == fixed.temperature_at(1, 0.5) == pytest.approx(1.2)

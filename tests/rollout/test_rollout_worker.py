@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import time
@@ -14,11 +15,24 @@ from stack import start_buffer, start_reward, tiny_assets
 from zerobubble.buffer.client import BufferClient
 from zerobubble.common.codec import decode_array
 from zerobubble.common.config import load_config
+from zerobubble.common.run_spec import RunSpecMismatch, model_identity
+from zerobubble.launcher.commands import register, up_config
+from zerobubble.launcher.config import merge, validated
+from zerobubble.launcher.run import build_run_spec
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
 
 GENERATIONS = 4
+
+
+def parse_up(*argv: str):
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["up", *argv])
+# The buffer's run spec, which the services here must agree with.
+RUN_SPEC = {"run_spec.num_generations": GENERATIONS, "run_spec.max_new_tokens": 8}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +45,8 @@ def rollout_config(model, buffer_address, reward_address, tmp_path, **overrides)
         "server.listen": "127.0.0.1:0", "server.metrics_port": None, "server.grace_seconds": 0.5,
         "worker_id": "worker-a", "model.path": str(model), "trainer": None,
         "generation.num_generations": GENERATIONS, "generation.prompts_per_batch": 4,
-        "generation.max_new_tokens": 8, "buffer.address": buffer_address,
-        "reward_service.address": reward_address, "reward_service.retry_seconds": 0.5,
+        "buffer.address": buffer_address,
+        "reward_service.address": reward_address, "reward_service.retry_seconds": 120,
         "backoff_max_seconds": 0.5, "lease_wait_seconds": 0.1, **overrides,
     }
     return load_config(RolloutServiceConfig, None, settings)
@@ -49,7 +63,7 @@ def wait_for(condition, timeout: float, what: str) -> None:
 def test_worker_turns_every_prompt_into_one_scored_group(assets, tmp_path):
     model, train, held_out = assets
     reward = start_reward()
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(train, tmp_path / "wal", **RUN_SPEC)
     config = rollout_config(model, buffer.address, reward.address, tmp_path, **{
         "eval.datasets": {"heldout": str(held_out)}, "eval.samples_per_prompt": 2,
         "eval.output_dir": str(tmp_path / "eval"),
@@ -70,7 +84,8 @@ def test_worker_turns_every_prompt_into_one_scored_group(assets, tmp_path):
                 ids = decode_array(trajectory.response_ids, "response_ids")
                 logprobs = decode_array(trajectory.behaviour_logprobs, "behaviour_logprobs")
                 assert 0 < ids.size <= 8 and logprobs.shape == ids.shape and np.all(logprobs <= 0)
-                assert trajectory.policy_version == 0 and trajectory.temperature == pytest.approx(1.0)
+                # The spec's preset, GRPO, anneals from 1.0 towards 0.9 over the epoch.
+                assert trajectory.policy_version == 0 and 0.9 <= trajectory.temperature <= 1.0
                 assert trajectory.reward == (1.0 if trajectory.answer_ok else 0.0)
         summary = [json.loads(line) for line in (tmp_path / "eval" / "summary.jsonl").read_text().splitlines()]
         assert summary[0]["version"] == 0 and summary[0]["prompts"] == 4 and 0 <= summary[0]["pass@1"] <= 1
@@ -105,10 +120,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_a_worker_refuses_a_run_spec_its_config_or_model_contradicts(assets, tmp_path):
+    model, train, _ = assets
+    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec.num_generations": 8, "run_spec.model.vocab_size": 7})
+    try:
+        config = rollout_config(model, buffer.address, "127.0.0.1:1", tmp_path)
+        with pytest.raises(RunSpecMismatch) as refused:
+            build(config)
+        message = str(refused.value)
+        assert f"generation.num_generations is {GENERATIONS} but the run spec from the buffer at {buffer.address} " \
+               f"has num_generations 8" in message
+        assert f"model.path {model}: its vocab_size is {model_identity(model).vocab_size}" in message
+        assert "has model.vocab_size 7" in message
+        assert buffer.core.stats()["groups_in"] == 0 and not buffer.core.leases.leases
+    finally:
+        buffer.stop(0)
+
+
+def test_the_grpo_preset_anneals_the_workers_temperature(assets, tmp_path):
+    """`zerobubble up -a GRPO` puts annealing in the run spec; the worker samples the first epoch from 1.0 towards
+    0.9 and the second at 0.9."""
+    model, train, _ = assets
+    up = up_config(parse_up("-a", "GRPO", "-g", str(GENERATIONS), "-mnt", "8"))
+    trainer = validated(TrainerServiceConfig, merge({"model": str(model)}, up.trainer), "trainer section")
+    spec = build_run_spec(up, trainer, model)
+    assert spec.sampling.temperature_annealing
+    reward = start_reward()
+    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec": spec.model_dump(mode="json"), "prompts.epochs": 2})
+    host = build(rollout_config(model, buffer.address, reward.address, tmp_path)).start()
+    try:
+        wait_for(host.worker.drained.is_set, 120, "the worker to finish the data")
+        with BufferClient(buffer.address) as client:
+            groups = [g.group for g in client.pull(0, 1, 1000, wait_seconds=0.5).groups]
+        temperatures = {epoch: [g.trajectories[0].temperature for g in groups if g.prompt.epoch == epoch]
+                        for epoch in (0, 1)}
+        assert len(temperatures[0]) == len(temperatures[1]) == 12
+        assert max(temperatures[0]) == pytest.approx(1.0) and all(0.9 <= t <= 1.0 for t in temperatures[0])
+        assert temperatures[1] == pytest.approx([0.9] * 12)
+    finally:
+        host.stop(0.5)
+        buffer.stop(0)
+        reward.stop(0)
+
+
 def test_worker_waits_for_a_missing_reward_service_and_resumes(assets, tmp_path):
     model, train, _ = assets
     port = free_port()
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS,
+    buffer = start_buffer(train, tmp_path / "wal", **{**RUN_SPEC,
                                                       "leases.timeout_seconds": 60})
     host = build(rollout_config(model, buffer.address, f"127.0.0.1:{port}", tmp_path)).start()
     reward = None

@@ -46,10 +46,12 @@ def test_each_row_is_scored_by_the_verifier_of_its_data_source(tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
     reward = start_reward(**{"custom_verifiers": [{"name": "probe", "function": "probe:score",
                                                    "path": str(tmp_path)}], "sandbox.slots": 1})
-    buffer = start_buffer(prompts, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    # The routing is the run's: the buffer's run spec carries it and the worker fetches it.
+    buffer = start_buffer(prompts, tmp_path / "wal", **{
+        "run_spec.num_generations": GENERATIONS, "run_spec.max_new_tokens": 8,
+        "run_spec.by_data_source": {"arith": "boxed", "progs": "code", "tagged": "probe"}})
     config = rollout_config(model, buffer.address, reward.address, tmp_path, **{
-        "generation.num_generations": GENERATIONS,
-        "reward.by_data_source": {"arith": "boxed", "progs": "code", "tagged": "probe"}})
+        "generation.num_generations": GENERATIONS})
     host = build(config).start()
     try:
         wait_for(host.worker.drained.is_set, 120, "the worker to finish the data")

@@ -22,6 +22,8 @@ from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
 
 GENERATIONS = 4
+# The buffer's run spec, which the services here must agree with.
+RUN_SPEC = {"run_spec.num_generations": GENERATIONS, "run_spec.max_new_tokens": 8}
 PROMPTS = 12
 
 
@@ -35,7 +37,7 @@ def worker_settings(model, buffer_address, reward_address) -> dict:
         "server.listen": "127.0.0.1:0", "server.metrics_port": 0, "server.grace_seconds": 0.5,
         "worker_id": "worker-a", "model.path": str(model), "trainer": None, "torch_threads": 1,
         "generation.num_generations": GENERATIONS, "generation.prompts_per_batch": 4,
-        "generation.max_new_tokens": 8, "buffer.address": buffer_address,
+        "buffer.address": buffer_address,
         "reward_service.address": reward_address, "backoff_max_seconds": 0.5, "lease_wait_seconds": 0.1,
     }
 
@@ -88,7 +90,7 @@ class WorkerProcess:
 def test_a_worker_restarted_with_the_same_id_has_its_groups_stored(assets, tmp_path):
     model, train, _ = assets
     reward = start_reward()
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS,
+    buffer = start_buffer(train, tmp_path / "wal", **{**RUN_SPEC,
                                                       "leases.timeout_seconds": 3.0})
     settings = worker_settings(model, buffer.address, reward.address)
     workers = []
@@ -120,11 +122,12 @@ def test_a_worker_sends_groups_refused_for_a_full_disk_again_without_generating_
     model, train, _ = assets
     with small_disk(tmp_path / "disk", megabytes=4) as disk:
         reward = start_reward()
-        buffer = start_buffer(train, disk / "wal", **{"filters.num_generations": GENERATIONS})
+        # Groups of a few KiB: the log file's last page, already allocated, takes at most one of them.
+        buffer = start_buffer(train, disk / "wal", **{"run_spec.num_generations": GENERATIONS,
+                                                      "run_spec.max_new_tokens": 64})
         filler = fill(disk)
         settings = worker_settings(model, buffer.address, reward.address)
-        # Groups of a few KiB: the log file's last page, already allocated, takes at most one of them.
-        settings.update({"server.metrics_port": None, "generation.max_new_tokens": 64})
+        settings.update({"server.metrics_port": None})
         host = build(load_config(RolloutServiceConfig, None, settings)).start()
         prompts = lambda: host.registry.get_sample_value("zerobubble_rollout_prompts_total")  # noqa: E731
         try:

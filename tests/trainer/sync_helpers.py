@@ -30,8 +30,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from zerobubble.common.config import TOKEN_ENV, ClientConfig, ServerConfig
 from zerobubble.common.server import ServiceHost
-from zerobubble.trainer.broadcaster import WeightBroadcaster, WeightSyncConfig
+from zerobubble.trainer.broadcaster import WeightBroadcaster
 from zerobubble.trainer.servicer import SERVICE, TrainerServicer
+from zerobubble.trainer.sync_config import WeightSyncConfig
 from zerobubble.v1 import trainer_pb2_grpc
 
 HERE = Path(__file__).resolve().parent

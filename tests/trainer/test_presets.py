@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
 from zerobubble.common.config import ConfigError
+from zerobubble.common.run_spec import PRESET_RUN_DEFAULTS, PresetName, RunSpec
 from zerobubble.trainer.algorithms import PRESETS, AlgorithmConfig, algorithm_config
 
 
@@ -12,14 +15,27 @@ def test_reference_presets_carry_colossal_rl_values():
     grpo = algorithm_config("GRPO")
     assert (grpo.advantage_estimator, grpo.clip_low, grpo.clip_high, grpo.beta, grpo.aggregation) == (
         "grpo", 0.2, 0.2, 0.01, "sample_level")
-    assert grpo.filter_range is None and not grpo.overlong_filtering and not grpo.soft_overlong_punishment
+    assert not grpo.overlong_filtering and not grpo.soft_overlong_punishment
     dapo = algorithm_config("DAPO")
     assert (dapo.clip_low, dapo.clip_high, dapo.beta, dapo.aggregation) == (0.2, 0.28, 0.0, "token_level")
-    assert dapo.filter_range == (0.01, 0.99)
     assert dapo.overlong_filtering and dapo.soft_overlong_punishment and dapo.overlong_cache_length is None
     assert algorithm_config("RLOO").advantage_estimator == "rloo"
     assert algorithm_config("REINFORCE_PPB").advantage_estimator == "reinforce_pp"
-    assert all(algorithm_config(name).temperature_annealing for name in ("GRPO", "DAPO", "RLOO", "REINFORCE_PPB"))
+    # What the presets ask of the whole run is the run spec's: dynamic sampling and the producer's annealing.
+    assert RunSpec(algorithm="DAPO").filter_range == (0.01, 0.99) and RunSpec(algorithm="GRPO").filter_range is None
+    assert all(RunSpec(algorithm=name).sampling.temperature_annealing for name in ("GRPO", "DAPO", "RLOO",
+                                                                                  "REINFORCE_PPB"))
+    assert not any(RunSpec(algorithm=name).sampling.temperature_annealing for name in ("DR_GRPO", "GSPO"))
+    # One list of names: the trainer's presets, the spec's run defaults and its field's type.
+    assert set(PRESETS) == set(PRESET_RUN_DEFAULTS) == set(get_args(PresetName))
+
+
+def test_a_preset_and_its_overrides_are_one_typed_section():
+    dapo = AlgorithmConfig.model_validate({"preset": "dapo", "clip_high": 0.3})
+    assert (dapo.preset, dapo.clip_high, dapo.beta, dapo.aggregation) == ("DAPO", 0.3, 0.0, "token_level")
+    # A config written out and read back is the same algorithm.
+    assert AlgorithmConfig.model_validate(dapo.model_dump()) == dapo
+    assert "preset" in AlgorithmConfig.model_json_schema()["properties"]
 
 
 def test_paper_presets_dr_grpo_and_gspo():

@@ -16,12 +16,15 @@ from sync_helpers import trainer_service
 from zerobubble.buffer.client import BufferClient
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import load_config
+from zerobubble.common.run_spec import RunSpecMismatch
 from zerobubble.trainer.app import build
 from zerobubble.trainer.client import TrainerClient
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.v1 import common_pb2
 
 GENERATIONS = 2
+# The buffer's run spec, which the services here must agree with.
+RUN_SPEC = {"run_spec.num_generations": GENERATIONS, "run_spec.max_new_tokens": 4}
 # Far beyond what any step or save of the tiny model takes: a call that does not answer within it is stalled.
 DEADLINE_S = 60.0
 
@@ -72,7 +75,7 @@ def wait_for(condition, what: str) -> None:
 
 def test_a_trainer_without_weight_sync_answers_status_and_refuses_sync_calls(assets, tmp_path):
     model, train, _ = assets
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(train, tmp_path / "wal", **RUN_SPEC)
     trainer = start_trainer(model, buffer.address, tmp_path / "run")
     try:
         with TrainerClient(trainer.address) as client:
@@ -97,7 +100,7 @@ def test_a_trainer_without_weight_sync_answers_status_and_refuses_sync_calls(ass
 
 def test_save_checkpoint_answers_while_the_trainer_waits_for_data_and_the_held_groups_come_back(assets, tmp_path):
     model, train, _ = assets
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(train, tmp_path / "wal", **RUN_SPEC)
     run_dir = tmp_path / "run"
     trainer = start_trainer(model, buffer.address, run_dir)
     try:
@@ -138,3 +141,19 @@ def test_join_refuses_a_device_that_is_not_one():
             assert refused.value.details().startswith("device:")
         assert trainer.broadcaster.members == []
         assert client.join("w1", "cpu", timeout=DEADLINE_S).rank == -1
+
+
+def test_a_trainer_refuses_a_run_spec_its_config_contradicts(assets, tmp_path):
+    model, train, _ = assets
+    buffer = start_buffer(train, tmp_path / "wal", **RUN_SPEC, **{"run_spec.algorithm": "DAPO"})
+    try:
+        with pytest.raises(RunSpecMismatch) as refused:
+            start_trainer(model, buffer.address, tmp_path / "run", **{"batch.max_new_tokens": 16})
+        message = str(refused.value)
+        assert f"algorithm.preset is 'GRPO' but the run spec from the buffer at {buffer.address} has algorithm " \
+               "'DAPO'" in message
+        assert "batch.max_new_tokens is 16" in message and "has max_new_tokens 4" in message
+        # Refused before it trained or told the buffer anything.
+        assert not (tmp_path / "run" / "metrics.jsonl").exists() and buffer.core.policy_version == 0
+    finally:
+        buffer.stop(0.5)

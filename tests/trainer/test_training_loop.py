@@ -18,6 +18,8 @@ from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.v1 import common_pb2
 
 GENERATIONS = 4
+# The buffer's run spec, which the services here must agree with.
+RUN_SPEC = {"run_spec.num_generations": GENERATIONS, "run_spec.max_new_tokens": 8}
 PROMPTS = 12
 GROUPS_PER_STEP = 2
 
@@ -73,7 +75,7 @@ def rows(run_dir) -> list[dict]:
 
 def test_trainer_steps_checkpoints_commits_and_resumes_without_losing_a_group(assets, tmp_path):
     model, train, _ = assets
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(train, tmp_path / "wal", **RUN_SPEC)
     run_dir = tmp_path / "run"
     try:
         fill(buffer.address)
@@ -119,7 +121,7 @@ def test_an_unusable_group_is_skipped_and_nothing_untrained_is_committed(assets,
 
     # A buffer that is not told the vocabulary size lets the id through: the trainer must skip the group (an
     # IndexError in the embedding otherwise) and count it.
-    buffer = start_buffer(six, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(six, tmp_path / "wal", **RUN_SPEC)
     run_dir = tmp_path / "run"
     try:
         fill(buffer.address, prompts=6, poison=out_of_vocabulary)

@@ -12,7 +12,8 @@ from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
 
 from zerobubble.common.errors import InvalidInput, NotFound
 from zerobubble.common.weight_sync import ALIGN, MIB, Manifest
-from zerobubble.trainer.broadcaster import WeightBroadcaster, WeightSyncConfig
+from zerobubble.trainer.broadcaster import WeightBroadcaster
+from zerobubble.trainer.sync_config import WeightSyncConfig
 
 
 def _mixed() -> list[tuple[str, torch.Tensor]]:

@@ -161,3 +161,13 @@ class StatsReply(_message.Message):
     unacknowledged: int
     returned: int
     def __init__(self, queued_groups: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., groups_in: _Optional[int] = ..., groups_out: _Optional[int] = ..., filtered: _Optional[int] = ..., stale_dropped: _Optional[int] = ..., lease_expirations: _Optional[int] = ..., epoch: _Optional[int] = ..., policy_version: _Optional[int] = ..., end_of_data: bool = ..., unacknowledged: _Optional[int] = ..., returned: _Optional[int] = ...) -> None: ...
+
+class GetRunSpecRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetRunSpecReply(_message.Message):
+    __slots__ = ("spec_json",)
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    spec_json: str
+    def __init__(self, spec_json: _Optional[str] = ...) -> None: ...

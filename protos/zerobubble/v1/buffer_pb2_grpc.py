@@ -81,6 +81,11 @@ class BufferServiceStub(object):
                 request_serializer=zerobubble_dot_v1_dot_buffer__pb2.StatsRequest.SerializeToString,
                 response_deserializer=zerobubble_dot_v1_dot_buffer__pb2.StatsReply.FromString,
                 _registered_method=True)
+        self.GetRunSpec = channel.unary_unary(
+                '/zerobubble.v1.BufferService/GetRunSpec',
+                request_serializer=zerobubble_dot_v1_dot_buffer__pb2.GetRunSpecRequest.SerializeToString,
+                response_deserializer=zerobubble_dot_v1_dot_buffer__pb2.GetRunSpecReply.FromString,
+                _registered_method=True)
 
 
 class BufferServiceServicer(object):
@@ -144,6 +149,14 @@ class BufferServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRunSpec(self, request, context):
+        """The run spec: what every service of the run must agree on. Workers and the trainer fetch it at start
+        and refuse to run on a mismatch with their own configuration.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BufferServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +199,11 @@ def add_BufferServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=zerobubble_dot_v1_dot_buffer__pb2.StatsRequest.FromString,
                     response_serializer=zerobubble_dot_v1_dot_buffer__pb2.StatsReply.SerializeToString,
+            ),
+            'GetRunSpec': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunSpec,
+                    request_deserializer=zerobubble_dot_v1_dot_buffer__pb2.GetRunSpecRequest.FromString,
+                    response_serializer=zerobubble_dot_v1_dot_buffer__pb2.GetRunSpecReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -404,6 +422,33 @@ class BufferService(object):
             '/zerobubble.v1.BufferService/Stats',
             zerobubble_dot_v1_dot_buffer__pb2.StatsRequest.SerializeToString,
             zerobubble_dot_v1_dot_buffer__pb2.StatsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunSpec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zerobubble.v1.BufferService/GetRunSpec',
+            zerobubble_dot_v1_dot_buffer__pb2.GetRunSpecRequest.SerializeToString,
+            zerobubble_dot_v1_dot_buffer__pb2.GetRunSpecReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,9 +6,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from zerobubble.common.config import ConfigError, Schema
+from zerobubble.common.run_spec import PresetName
 
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 Aggregation = Literal["sample_level", "token_level", "constant"]
@@ -16,8 +17,12 @@ RatioLevel = Literal["token", "sequence"]
 
 
 class AlgorithmConfig(Schema):
-    """Everything that tells GRPO, DAPO, RLOO, REINFORCE++, Dr.GRPO and GSPO apart."""
+    """Everything of the loss that tells GRPO, DAPO, RLOO, REINFORCE++, Dr.GRPO and GSPO apart: a preset, and any
+    of its fields set beside it overrides the preset's. What a preset asks of the whole run (dynamic sampling,
+    temperature annealing) is the run spec's (common/run_spec.py)."""
 
+    preset: PresetName = Field("GRPO", description="the named algorithm whose values the unset fields take; the run "
+                               "spec's algorithm must be the same")
     advantage_estimator: AdvantageEstimator = Field(
         "grpo", description="grpo: (r-mean)/(std+1e-4); dr_grpo: r-mean; rloo: (r-mean)*G/(G-1); "
         "reinforce_pp: r-mean, then whitened over the batch's tokens"
@@ -47,21 +52,15 @@ class AlgorithmConfig(Schema):
     overlong_penalty_scale: float = Field(
         1.0, gt=0, description="multiplies the penalty; the reference uses its correct-answer reward (10)"
     )
-    filter_range: tuple[float, float] | None = Field(
-        None, description="dynamic sampling: keep groups whose mean answer accuracy is in [low, high]"
-    )
-    temperature_annealing: bool = Field(
-        False, description="in the first episode, move the sampling temperature linearly towards "
-        "annealed_temperature"
-    )
-    annealed_temperature: float = Field(0.9, gt=0, description="where temperature annealing ends")
 
-    @field_validator("filter_range")
+    @model_validator(mode="before")
     @classmethod
-    def _ordered_fractions(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
-        if value is not None and not 0.0 <= value[0] <= value[1] <= 1.0:
-            raise ValueError(f"expected 0 <= low <= high <= 1, got {list(value)}")
-        return value
+    def _preset_values(cls, data: Any) -> Any:
+        """The preset's values under the fields given beside it."""
+        if not isinstance(data, dict):
+            return data
+        preset = str(data.get("preset", "GRPO")).upper()
+        return {**PRESETS.get(preset, {}), **data, "preset": preset}
 
     @model_validator(mode="after")
     def _sequence_ratio_is_per_sample(self) -> AlgorithmConfig:
@@ -76,27 +75,23 @@ def _preset(**values: Any) -> Mapping[str, Any]:
 
 
 PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    # Colossal-RL defaults (grpo_consumer): eps 0.2/0.2, beta 0.01, sample_level; its producer always anneals.
+    # Colossal-RL defaults (grpo_consumer): eps 0.2/0.2, beta 0.01, sample_level.
     "GRPO": _preset(
         advantage_estimator="grpo", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
-        temperature_annealing=True,
     ),
-    # DAPO (Yu et al. 2025) as Colossal-RL runs it: clip-higher, no KL, token-level loss, dynamic sampling,
-    # overlong filtering and soft overlong punishment.
+    # DAPO (Yu et al. 2025) as Colossal-RL runs it: clip-higher, no KL, token-level loss, overlong filtering and
+    # soft overlong punishment (its dynamic sampling is the run spec's filter_range).
     "DAPO": _preset(
         advantage_estimator="grpo", clip_low=0.2, clip_high=0.28, beta=0.0, aggregation="token_level",
-        filter_range=(0.01, 0.99), overlong_filtering=True, soft_overlong_punishment=True,
-        temperature_annealing=True,
+        overlong_filtering=True, soft_overlong_punishment=True,
     ),
     # RLOO (Ahmadian et al. 2024): leave-one-out baseline, otherwise the GRPO defaults.
     "RLOO": _preset(
         advantage_estimator="rloo", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
-        temperature_annealing=True,
     ),
     # REINFORCE++ (Hu 2025) with the group-mean baseline, as Colossal-RL's REINFORCE_PPB.
     "REINFORCE_PPB": _preset(
         advantage_estimator="reinforce_pp", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
-        temperature_annealing=True,
     ),
     # Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): no std division, no length
     # normalisation (a constant denominator), no KL.
@@ -113,12 +108,10 @@ PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
 
 def algorithm_config(preset: str = "GRPO", **overrides: Any) -> AlgorithmConfig:
     """The named preset with `overrides` applied; ConfigError names the preset or the offending field."""
+    if preset.upper() not in PRESETS:
+        raise ConfigError(f"unknown algorithm preset {preset!r}; known: {', '.join(PRESETS)}")
     try:
-        values = PRESETS[preset.upper()]
-    except KeyError:
-        raise ConfigError(f"unknown algorithm preset {preset!r}; known: {', '.join(PRESETS)}") from None
-    try:
-        return AlgorithmConfig.model_validate({**values, **overrides})
+        return AlgorithmConfig.model_validate({"preset": preset, **overrides})
     except ValidationError as exc:
         fields = "; ".join(
             f"{'.'.join(str(part) for part in item['loc']) or 'algorithm'}: {item['msg']}" for item in exc.errors()

@@ -1,0 +1,31 @@
+"""The policy version and staleness, defined once for the buffer, the rollout workers and the trainer.
+
+`trained_version` is the number of optimizer steps taken: the version of the trainer's weights, of an engine
+once it loaded them, and of a trajectory sampled with them. The buffer counts in `consuming_version`: the
+trained_version of the weights that will train a group pushed now. It is the trainer's trained_version until
+the trainer pulls a step, then `next_version` of it (the step being trained makes those weights), so groups
+pushed during that step are measured against the weights that will actually consume them.
+"""
+
+from __future__ import annotations
+
+
+def next_version(trained_version: int) -> int:
+    """The version a step pulled now produces."""
+    return trained_version + 1
+
+
+def staleness(group_version: int, consuming_version: int) -> int:
+    """How many optimizer steps lie between the weights that sampled a group and those that train it."""
+    return consuming_version - group_version
+
+
+def is_stale(group_version: int, consuming_version: int, max_staleness: int | None) -> bool:
+    """Whether the run's staleness bound drops the group (null: no bound)."""
+    return max_staleness is not None and staleness(group_version, consuming_version) > max_staleness
+
+
+def oldest_fresh_version(consuming_version: int, max_staleness: int | None) -> int:
+    """The oldest weights whose groups the bound still keeps: a worker generating with older ones would make
+    groups only for the buffer to drop."""
+    return 0 if max_staleness is None else max(0, consuming_version - max_staleness)
