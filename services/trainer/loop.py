@@ -202,7 +202,7 @@ class TrainingLoop:
     def _train(self, groups: list[common_pb2.ExperienceGroup]) -> None:
         started = time.monotonic()
         batch = collate(groups, self.pad_id)
-        figures = self.update(batch)
+        figures = self.update(batch, self.policy_version)
         figures.update(experience_figures(batch, self.policy_version))
         self.step += 1
         self.policy_version += 1
