@@ -136,7 +136,8 @@ def bench_gpu_train(*, shape: str = "0.5b", groups: int = 8, group_size: int = 8
             batch = collate(synthetic_groups(groups, group_size, prompt_tokens, response_tokens,
                                              SHAPES[shape]["vocab_size"]), pad_id=0)
             torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
-            times = cuda_time(lambda: update(batch), repeats=steps)
+            # Samples one version behind, as asynchronous training gets them: the recompute forward runs.
+            times = cuda_time(lambda: update(batch, policy_version=1), repeats=steps)
             peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
     tokens = batch.size * (prompt_tokens + response_tokens)
     step = statistics.median(times)

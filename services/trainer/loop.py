@@ -250,7 +250,7 @@ class TrainingLoop:
     def _train(self, groups: list[common_pb2.ExperienceGroup]) -> None:
         started = time.monotonic()
         batch = collate(groups, self.pad_id)
-        figures = self.update(batch)
+        figures = self.update(batch, self.policy_version)
         figures.update(experience_figures(batch, self.policy_version))
         # Rank 0 records the step: every rank's share of it, and which groups it trained.
         shares = self.strategy.gather_objects((figures, [group_name(g) for g in groups]))

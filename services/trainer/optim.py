@@ -19,7 +19,8 @@ class OptimConfig(Schema):
     lr: float = Field(1e-6, gt=0, description="peak learning rate (reached at the end of warm-up)")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled weight decay")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled weight decay of the weight "
+                                "matrices (biases and norm weights never decay)")
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0 to lr")
     schedule: Literal["constant", "cosine"] = Field(
         "constant", description="after warm-up: constant lr, or one cosine decay to min_lr_ratio * lr at total_steps"
@@ -59,14 +60,25 @@ def lr_factor(config: OptimConfig) -> Callable[[int], float]:
     return factor
 
 
+def decay_groups(parameters: Iterable[nn.Parameter], weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: matrices decay, vectors (biases, norm weights) do not.
+
+    The transformers Trainer's convention: decaying a norm's gain or a bias pulls it towards 0, which is no
+    regularisation of the function but a change of its scale. Frozen parameters (LoRA's base) are left out.
+    """
+    trainable = [p for p in parameters if p.requires_grad]
+    groups = [{"params": [p for p in trainable if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
+
+
 def make_optimizer(parameters: Iterable[nn.Parameter], config: OptimConfig) -> torch.optim.AdamW:
     # foreach kernels do not mix DTensors of different meshes; the per-parameter loop works for both.
     return torch.optim.AdamW(
-        [p for p in parameters if p.requires_grad],
+        decay_groups(parameters, config.weight_decay),
         lr=config.lr,
         betas=config.betas,
         eps=config.eps,
-        weight_decay=config.weight_decay,
         foreach=False,
     )
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from zerobubble.trainer.algorithms.advantages import compute_advantages
 from zerobubble.trainer.algorithms.logprobs import token_logprobs_and_entropy
-from zerobubble.trainer.algorithms.losses import LossStats, local_normaliser, policy_loss
+from zerobubble.trainer.algorithms.losses import LossStats, mini_batch_normaliser, policy_loss
 from zerobubble.trainer.algorithms.overlong import overlong_sample_mask, shape_rewards
 from zerobubble.trainer.algorithms.presets import AlgorithmConfig
 from zerobubble.trainer.collate import ExperienceBatch
@@ -55,33 +55,34 @@ class PolicyUpdate:
         self.settings = settings
         self.reference = reference
 
-    def __call__(self, batch: ExperienceBatch) -> dict[str, float]:
+    def __call__(self, batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
+        """One step on `batch` with the weights of `policy_version` (the version samples say they came from)."""
         algo, settings, strategy = self.algorithm, self.settings, self.strategy
         lengths = batch.response_lengths
         rewards = shape_rewards(batch.rewards, lengths, batch.truncated, algo,
                                 max_new_tokens=settings.max_new_tokens)
         mask = batch.response_mask * overlong_sample_mask(batch.truncated, algo).unsqueeze(1).float()
         advantages = compute_advantages(algo.advantage_estimator, rewards.reshape(-1, batch.group_size), mask)
-        # The policy before this step's updates: the denominator of the importance ratio.
-        old_logp = batch_logprobs(strategy.model, batch, settings.micro_batch_samples)
+        recomputed_old = self._recompute_old_logprobs(batch, policy_version)
         ref_logp = batch_logprobs(self.reference, batch, settings.micro_batch_samples) if self.reference else None
 
         figures = StepFigures()
         for mini in torch.arange(batch.size).chunk(settings.mini_batches):
             micros = mini.split(settings.micro_batch_samples)
-            # The mini-batch's global denominator over micro-batches and ranks (the strategy sums gradients
-            # over ranks), so accumulation gives the update of one big batch; the reference summed
-            # micro-batch losses instead.
-            local = sum(local_normaliser(mask[m], algo.aggregation, max_new_tokens=settings.max_new_tokens)
-                        .double() for m in micros)
-            normaliser = strategy.all_reduce_sum(local.to(strategy.device)).clamp(min=1.0)
+            # One denominator for the mini-batch over its micro-batches and the ranks, so accumulation gives the
+            # update of one big batch; the reference summed micro-batch losses instead.
+            normaliser = mini_batch_normaliser([mask[m].to(strategy.device) for m in micros], algo.aggregation,
+                                               max_new_tokens=settings.max_new_tokens,
+                                               sum_over_ranks=strategy.all_reduce_sum)
             for micro in micros:
                 part = batch.select(micro)
                 current = forward_logprobs(strategy.model, part, with_entropy=True)
                 device = current.logprobs.device
+                old_logp = (current.logprobs.detach() if recomputed_old is None
+                            else recomputed_old[micro].to(device))
                 loss, stats = policy_loss(
-                    current.logprobs, old_logp[micro].to(device), advantages[micro].to(device),
-                    mask[micro].to(device), algo, normaliser=normaliser.to(device),
+                    current.logprobs, old_logp, advantages[micro].to(device), mask[micro].to(device), algo,
+                    normaliser=normaliser.to(device),
                     ref_logp=None if ref_logp is None else ref_logp[micro].to(device),
                     behaviour_logp=part.behaviour_logprobs.to(device), entropy=current.entropy,
                 )
@@ -95,30 +96,56 @@ class PolicyUpdate:
         out["sample_utilisation"] = float(((advantages * mask).abs().sum(dim=1) > 0).float().mean())
         return out
 
+    def _recompute_old_logprobs(self, batch: ExperienceBatch, policy_version: int) -> torch.Tensor | None:
+        """The log-probs of the policy before this step's updates, by a forward of their own; None where each
+        micro-batch's training forward gives them (detached) or the loss does not read them."""
+        if self.algorithm.off_policy == "behaviour_ratio":
+            return None
+        if self.settings.mini_batches == 1 and self._every_sample_current(batch, policy_version):
+            # One update, from the very weights that drew every sample: old = current before the step.
+            return None
+        return batch_logprobs(self.strategy.model, batch, self.settings.micro_batch_samples)
+
+    def _every_sample_current(self, batch: ExperienceBatch, policy_version: int) -> bool:
+        # Decided over all ranks: with sharded weights the recompute forward is collective.
+        stale = (batch.versions != policy_version).sum()
+        return int(self.strategy.all_reduce_sum(stale.to(self.strategy.device))) == 0
+
+
+# LossStats field -> the step figure's name in metrics.jsonl.
+MEAN_FIGURES = {"clip_fraction": "clip_fraction", "clip_low_fraction": "clip_low_fraction",
+                "clip_high_fraction": "clip_high_fraction", "ratio_mean": "ratio_mean", "kl_mean": "kl",
+                "entropy_mean": "entropy", "behaviour_weight_mean": "behaviour_weight_mean",
+                "capped_fraction": "behaviour_weight_capped_fraction"}
+MAX_FIGURES = {"behaviour_weight_max": "behaviour_weight_max"}
 
 
 @dataclass
 class StepFigures:
-    """Loss summed over micro-batches (it is already globally normalised); statistics weighted by tokens."""
+    """Loss summed over micro-batches (it is already globally normalised); means weighted by tokens; maxima."""
 
     loss: float = 0.0
     tokens: float = 0.0
     grad_norm: float = 0.0
     lr: float = 0.0
     weighted: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
 
     def add(self, loss: float, stats: LossStats) -> None:
         self.loss += loss
         tokens = float(stats.effective_tokens)
         self.tokens += tokens
-        for name in ("clip_fraction", "ratio_mean", "kl_mean", "entropy_mean", "tis_weight_mean"):
+        for name, key in MEAN_FIGURES.items():
             value = getattr(stats, name)
             if value is not None:
-                self.weighted[name] = self.weighted.get(name, 0.0) + float(value) * tokens
+                self.weighted[key] = self.weighted.get(key, 0.0) + float(value) * tokens
+        for name, key in MAX_FIGURES.items():
+            value = getattr(stats, name)
+            if value is not None and tokens:
+                self.maxima[key] = max(self.maxima.get(key, 0.0), float(value))
 
     def as_dict(self) -> dict[str, float]:
-        names = {"kl_mean": "kl", "entropy_mean": "entropy", "tis_weight_mean": "tis_weight"}
-        out = {"loss": self.loss, "grad_norm": self.grad_norm, "lr": self.lr}
-        for name, total in self.weighted.items():
-            out[names.get(name, name)] = total / self.tokens if self.tokens else 0.0
+        out = {"loss": self.loss, "grad_norm": self.grad_norm, "lr": self.lr, **self.maxima}
+        for key, total in self.weighted.items():
+            out[key] = total / self.tokens if self.tokens else 0.0
         return out

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from algorithm_cases import TinyPolicy, policy_logprobs, ragged_batch
 
 from zerobubble.trainer.algorithms import algorithm_config, local_normaliser, mini_batch_normaliser, policy_loss
@@ -37,9 +32,14 @@ def _dapo(**overrides):
     return algorithm_config("DAPO", **overrides)
 
 
+def _clip_only(**overrides):
+    """DAPO with the ratio against old_logp and no behaviour weight: the clip's own arithmetic."""
+    return _dapo(off_policy="none", **overrides)
+
+
 def test_token_level_loss_divides_the_token_sum_by_effective_tokens():
     logp = _logp()
-    loss, stats = policy_loss(logp, torch.zeros(2, 3, dtype=F64), ADVANTAGES, MASK, _dapo(), normaliser=3)
+    loss, stats = policy_loss(logp, torch.zeros(2, 3, dtype=F64), ADVANTAGES, MASK, _clip_only(), normaliser=3)
     assert loss.item() == pytest.approx(TOKEN_SUM / 3, abs=1e-12)
     loss.backward()
     # d(-r*A)/dlogp = -r*A only where the unclipped term is the minimum (r=0.9 token): -0.9 / 3.
@@ -48,19 +48,21 @@ def test_token_level_loss_divides_the_token_sum_by_effective_tokens():
     assert stats.clip_fraction.item() == pytest.approx(2 / 3)
     assert stats.ratio_mean.item() == pytest.approx((1.5 + 0.9 + 0.7) / 3)
     assert stats.effective_tokens.item() == 3
-    assert stats.kl_mean is None and stats.entropy_mean is None and stats.tis_weight_mean is None
+    assert stats.clip_high_fraction.item() == pytest.approx(1 / 3)
+    assert stats.clip_low_fraction.item() == pytest.approx(1 / 3)
+    assert stats.kl_mean is None and stats.entropy_mean is None and stats.behaviour_weight_mean is None
 
 
 def test_sample_level_loss_averages_each_samples_token_mean():
     # Sample 0: (-1.28 - 0.9) / 2 = -1.09; sample 1: 1.6; mean over 2 samples 0.255.
-    config = _dapo(aggregation="sample_level")
+    config = _clip_only(aggregation="sample_level")
     loss, _ = policy_loss(_logp(), torch.zeros(2, 3, dtype=F64), ADVANTAGES, MASK, config, normaliser=2)
     assert loss.item() == pytest.approx(0.255, abs=1e-12)
 
 
 def test_constant_normalisation_divides_by_samples_times_max_new_tokens():
     # Dr.GRPO with max_new_tokens 4: -0.58 / (2 * 4) = -0.0725.
-    config = _dapo(aggregation="constant")
+    config = _clip_only(aggregation="constant")
     normaliser = local_normaliser(MASK, "constant", max_new_tokens=4)
     assert normaliser.item() == 8
     loss, _ = policy_loss(_logp(), torch.zeros(2, 3, dtype=F64), ADVANTAGES, MASK, config, normaliser=normaliser)
@@ -72,14 +74,14 @@ def test_k3_kl_is_added_with_weight_beta_only_when_beta_is_positive():
     logp = torch.zeros(1, 2, dtype=F64, requires_grad=True)
     ref = torch.tensor([[LN(2.0), 0.0]], dtype=F64)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    config = _dapo(beta=0.5)
+    config = _clip_only(beta=0.5)
     loss, stats = policy_loss(logp, logp.detach(), torch.zeros(1), mask, config, normaliser=2, ref_logp=ref)
     assert loss.item() == pytest.approx(0.5 * (1 - LN(2.0)) / 2, abs=1e-12)
     assert stats.kl_mean.item() == pytest.approx((1 - LN(2.0)) / 2, abs=1e-12)
     loss.backward()
     # d/dlogp [exp(ref - logp) - (ref - logp) - 1] = 1 - exp(ref - logp) = -1 at the first token; * 0.5 / 2.
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.25, 0.0]], dtype=F64), rtol=0, atol=1e-12)
-    unweighted, stats = policy_loss(logp, logp.detach(), torch.zeros(1), mask, _dapo(), normaliser=2, ref_logp=ref)
+    unweighted, stats = policy_loss(logp, logp.detach(), torch.zeros(1), mask, _clip_only(), normaliser=2, ref_logp=ref)
     assert unweighted.item() == 0.0 and stats.kl_mean is not None
     with pytest.raises(ValueError, match="needs ref_logp"):
         policy_loss(logp, logp.detach(), torch.zeros(1), mask, config, normaliser=2)
@@ -90,7 +92,7 @@ def test_gspo_clips_the_length_normalised_sequence_ratio():
     # Sample 1: s = 0.5, A = -1 -> min(-0.5, 0.8 * -1) = -0.8 -> loss 0.8 (clipped).
     # Sample level: (-1.2 + 0.8) / 2 = -0.2.
     logp = _logp([[1.44, 1.0, 1.0], [0.5, 1.0, 1.0]])
-    config = _dapo(aggregation="sample_level", ratio_level="sequence")
+    config = _clip_only(aggregation="sample_level", ratio_level="sequence")
     loss, stats = policy_loss(logp, torch.zeros(2, 3, dtype=F64), torch.tensor([1.0, -1.0]), MASK, config,
                               normaliser=2)
     assert loss.item() == pytest.approx(-0.2, abs=1e-12)
@@ -102,25 +104,89 @@ def test_gspo_clips_the_length_normalised_sequence_ratio():
     assert stats.ratio_mean.item() == pytest.approx((1.2 + 1.2 + 0.5) / 3)
 
 
-def test_truncated_importance_sampling_weights_tokens_by_the_capped_old_to_behaviour_ratio():
-    # old - behaviour = ln 3 and ln 0.5 -> weights min(3, 2) = 2 and 0.5; ratio 1, A = 1 -> (-2 - 0.5) / 2.
-    logp = torch.zeros(1, 2, dtype=F64, requires_grad=True)
-    behaviour = torch.tensor([[-LN(3.0), LN(2.0)]], dtype=F64)
-    mask = torch.ones(1, 2, dtype=torch.bool)
-    config = _dapo(tis_cap=2.0)
-    loss, stats = policy_loss(logp, torch.zeros(1, 2, dtype=F64), torch.ones(1), mask, config, normaliser=2,
-                              behaviour_logp=behaviour)
-    assert loss.item() == pytest.approx(-1.25, abs=1e-12)
-    assert stats.tis_weight_mean.item() == pytest.approx(1.25, abs=1e-12)
+# One sample of three tokens under DAPO's clip 0.2/0.28, normalised by 3 tokens, A = [1, 1, -1].
+# The update's ratio to the policy before the step r = pi / pi_old = [1.5, 0.9, 1.0]; the behaviour weight
+# w = pi_old / pi_behaviour = [2, 0.5, 8], so the ratio to the sampler pi / pi_behaviour = [3, 0.45, 8].
+OFF_MASK = torch.ones(1, 3, dtype=torch.bool)
+OFF_ADVANTAGES = torch.tensor([[1.0, 1.0, -1.0]], dtype=F64)
+OFF_BEHAVIOUR = torch.tensor([[-LN(2.0), LN(2.0), -LN(8.0)]], dtype=F64)
+
+
+def _off_policy_loss(**overrides):
+    logp = torch.log(torch.tensor([[1.5, 0.9, 1.0]], dtype=F64)).requires_grad_()
+    loss, stats = policy_loss(logp, torch.zeros(1, 3, dtype=F64), OFF_ADVANTAGES, OFF_MASK, _dapo(**overrides),
+                              normaliser=3, behaviour_logp=OFF_BEHAVIOUR)
     loss.backward()
-    torch.testing.assert_close(logp.grad, torch.tensor([[-1.0, -0.25]], dtype=F64), rtol=0, atol=1e-12)
+    return loss.item(), logp.grad, stats
+
+
+def test_decoupled_objective_clips_against_the_old_policy_and_drops_tokens_whose_weight_exceeds_the_cap():
+    # Per token -min(r A, clip(r) A) * w, w over the cap 5 dropped:
+    #   -1.28 * 2 (clipped above) = -2.56;  -0.9 * 0.5 = -0.45;  w = 8 > 5: 0.   (-2.56 - 0.45) / 3.
+    loss, grad, stats = _off_policy_loss()
+    assert loss == pytest.approx(-3.01 / 3, abs=1e-12)
+    # Only the unclipped, kept token moves: d(-r A w)/dlogp = -0.9 * 0.5, over 3 tokens.
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -0.15, 0.0]], dtype=F64), rtol=0, atol=1e-12)
+    assert stats.behaviour_weight_mean.item() == pytest.approx((2 + 0.5 + 8) / 3, abs=1e-12)
+    assert stats.behaviour_weight_max.item() == pytest.approx(8.0, abs=1e-12)
+    assert stats.capped_fraction.item() == pytest.approx(1 / 3)
+    assert stats.clip_fraction.item() == pytest.approx(1 / 3)
+    assert stats.clip_high_fraction.item() == pytest.approx(1 / 3) and stats.clip_low_fraction.item() == 0
+    assert stats.ratio_mean.item() == pytest.approx((1.5 + 0.9 + 1.0) / 3, abs=1e-12)
+
+
+def test_truncated_is_keeps_the_token_over_the_cap_at_the_cap():
+    # As decoupled, but the third token weighs min(8, 5) = 5: -(1.0 * -1) * 5 = +5.   (-2.56 - 0.45 + 5) / 3.
+    loss, grad, stats = _off_policy_loss(off_policy="truncated_is")
+    assert loss == pytest.approx(1.99 / 3, abs=1e-12)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -0.15, 5 / 3]], dtype=F64), rtol=0, atol=1e-12)
+    assert stats.capped_fraction.item() == pytest.approx(1 / 3)
+    assert stats.behaviour_weight_max.item() == pytest.approx(8.0, abs=1e-12)
+
+
+def test_behaviour_ratio_clips_the_ratio_to_the_sampler_without_a_weight():
+    # Colossal-RL: ratio pi / pi_behaviour = [3, 0.45, 8]:
+    #   min(3, 1.28) = 1.28 -> -1.28 (clipped);  min(0.45, 0.8) -> -0.45;  A = -1: min(-8, -1.28) -> +8.
+    loss, grad, stats = _off_policy_loss(off_policy="behaviour_ratio")
+    assert loss == pytest.approx((-1.28 - 0.45 + 8) / 3, abs=1e-12)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -0.15, 8 / 3]], dtype=F64), rtol=0, atol=1e-12)
+    assert stats.ratio_mean.item() == pytest.approx((3 + 0.45 + 8) / 3, abs=1e-12)
+    assert stats.behaviour_weight_mean is None and stats.capped_fraction is None
+    # The policy before the update is not read at all.
+    logp = torch.zeros(1, 3, dtype=F64, requires_grad=True)
+    without_old, _ = policy_loss(logp, None, OFF_ADVANTAGES, OFF_MASK, _dapo(off_policy="behaviour_ratio"),
+                                 normaliser=3, behaviour_logp=OFF_BEHAVIOUR)
+    assert torch.isfinite(without_old)
+
+
+def test_no_correction_ignores_the_sampler():
+    loss, grad, stats = _off_policy_loss(off_policy="none")
+    assert loss == pytest.approx((-1.28 - 0.9 + 1.0) / 3, abs=1e-12)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -0.3, 1 / 3]], dtype=F64), rtol=0, atol=1e-12)
+    assert stats.behaviour_weight_mean is None
+
+
+def test_gspo_behaviour_weight_is_the_length_normalised_sequence_weight():
+    # old - behaviour = ln 4 and 0 -> w = exp(ln 4 / 2) = 2 for the whole sample; ratio 1, A = 1: -2 per token.
+    logp = torch.zeros(1, 2, dtype=F64, requires_grad=True)
+    config = _dapo(aggregation="sample_level", ratio_level="sequence")
+    loss, stats = policy_loss(logp, torch.zeros(1, 2, dtype=F64), torch.ones(1), torch.ones(1, 2, dtype=torch.bool),
+                              config, normaliser=1, behaviour_logp=torch.tensor([[-LN(4.0), 0.0]], dtype=F64))
+    assert loss.item() == pytest.approx(-2.0, abs=1e-12)
+    assert stats.behaviour_weight_max.item() == pytest.approx(2.0, abs=1e-12)
+
+
+def test_missing_log_probs_are_named():
+    logp = torch.zeros(1, 3, dtype=F64, requires_grad=True)
     with pytest.raises(ValueError, match="needs behaviour_logp"):
-        policy_loss(logp, torch.zeros(1, 2, dtype=F64), torch.ones(1), mask, config, normaliser=2)
+        policy_loss(logp, logp.detach(), OFF_ADVANTAGES, OFF_MASK, _dapo(), normaliser=3)
+    with pytest.raises(ValueError, match="needs old_logp"):
+        policy_loss(logp, None, OFF_ADVANTAGES, OFF_MASK, _dapo(), normaliser=3, behaviour_logp=OFF_BEHAVIOUR)
 
 
 def test_entropy_mean_is_reported_over_effective_tokens():
     entropy = torch.tensor([[1.0, 2.0, 100.0], [4.0, 100.0, 100.0]], dtype=F64)
-    _, stats = policy_loss(_logp(), torch.zeros(2, 3, dtype=F64), ADVANTAGES, MASK, _dapo(), normaliser=3,
+    _, stats = policy_loss(_logp(), torch.zeros(2, 3, dtype=F64), ADVANTAGES, MASK, _clip_only(), normaliser=3,
                            entropy=entropy)
     assert stats.entropy_mean.item() == pytest.approx(7 / 3)
 
@@ -130,7 +196,10 @@ VARIANTS = {
     "sample_level": dict(aggregation="sample_level"),
     "constant": dict(aggregation="constant"),
     "gspo": dict(aggregation="sample_level", ratio_level="sequence", clip_low=0.05, clip_high=0.05),
-    "kl_and_tis": dict(aggregation="token_level", beta=0.1, tis_cap=1.2),
+    "kl_and_truncated_is": dict(aggregation="token_level", beta=0.1, off_policy="truncated_is",
+                                behaviour_weight_cap=1.2),
+    "decoupled_dropping": dict(aggregation="token_level", off_policy="decoupled", behaviour_weight_cap=1.2),
+    "behaviour_ratio": dict(aggregation="sample_level", off_policy="behaviour_ratio"),
 }
 MAX_NEW = 5
 
@@ -201,66 +270,9 @@ def test_normalisers_count_tokens_effective_samples_or_the_constant_budget():
     # A sample with no effective token (filtered) does not count for sample_level.
     assert mini_batch_normaliser(masks, "sample_level").item() == 2
     assert mini_batch_normaliser(masks, "constant", max_new_tokens=8).item() == 3 * 8
+    # Summed over ranks, never averaged: the strategies sum gradients over ranks.
+    assert mini_batch_normaliser(masks, "token_level", sum_over_ranks=lambda local: local * 3).item() == 15
     # Nothing to learn from: the normaliser stays 1 so the loss is 0, not NaN.
     assert mini_batch_normaliser([torch.zeros(2, 3, dtype=torch.bool)], "token_level").item() == 1
     with pytest.raises(ValueError, match="max_new_tokens"):
         local_normaliser(masks[0], "constant")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-DATA_PARALLEL_VARIANTS = ("token_level", "sample_level", "constant")
-
-
-def _micro_batch_step(model, parts, config, normaliser) -> None:
-    for index, part in enumerate(parts):
-        # Only the last backward of the step all-reduces gradients, as a trainer accumulating would.
-        with model.no_sync() if index < len(parts) - 1 else contextlib.nullcontext():
-            logp = policy_logprobs(model, part)
-            loss, _ = policy_loss(logp, part.old_logp, part.advantages, part.response_mask, config,
-                                  normaliser=normaliser, ref_logp=part.ref_logp, behaviour_logp=part.behaviour_logp)
-            loss.backward()
-
-
-def _data_parallel_rank(rank: int, world: int, port: int, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        batch = ragged_batch(num_samples=7, max_response=MAX_NEW)
-        # Rank 0 takes samples 0-2 in micro-batches of 2 and 1, rank 1 samples 3-6 in one micro-batch.
-        mine = [batch.rows(slice(0, 2)), batch.rows(slice(2, 3))] if rank == 0 else [batch.rows(slice(3, 7))]
-        grads = {}
-        for variant in DATA_PARALLEL_VARIANTS:
-            config = algorithm_config("DAPO", **VARIANTS[variant])
-            model = torch.nn.parallel.DistributedDataParallel(TinyPolicy())
-            normaliser = mini_batch_normaliser([m.response_mask for m in mine], config.aggregation,
-                                               max_new_tokens=MAX_NEW, group=dist.group.WORLD)
-            _micro_batch_step(model, mine, config, normaliser)
-            grads[variant] = [p.grad for p in model.parameters()]
-        if rank == 0:
-            torch.save(grads, out)
-    finally:
-        dist.destroy_process_group()
-
-
-def test_data_parallel_ranks_with_uneven_micro_batches_give_the_one_big_batch_gradient(tmp_path):
-    out = tmp_path / "grads.pt"
-    env = dict(os.environ)
-    # The spawned ranks import this module by name, so they need this folder on their path.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(__file__), env.get("PYTHONPATH")]))
-    try:
-        mp.spawn(_data_parallel_rank, args=(2, _free_port(), str(out)), nprocs=2, join=True)
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
-    data_parallel = torch.load(out)
-    batch = ragged_batch(num_samples=7, max_response=MAX_NEW)
-    for variant in DATA_PARALLEL_VARIANTS:
-        config = _dapo(**VARIANTS[variant])
-        whole = mini_batch_normaliser([batch.response_mask], config.aggregation, max_new_tokens=MAX_NEW)
-        _, expected = _loss_and_grads(TinyPolicy(), batch, config, whole)
-        for ddp_grad, single in zip(data_parallel[variant], expected, strict=True):
-            torch.testing.assert_close(ddp_grad, single, rtol=1e-10, atol=1e-14, msg=variant)

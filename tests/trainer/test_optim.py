@@ -87,3 +87,32 @@ def test_small_gradients_are_left_alone():
     parameter.grad = torch.tensor([0.3, 0.4])
     assert clip_gradients([parameter], max_norm=1.0) == pytest.approx(0.5)
     assert parameter.grad.tolist() == pytest.approx([0.3, 0.4])
+
+
+def test_weight_decay_shrinks_weight_matrices_but_not_biases_or_norm_weights():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    model.model.norm.weight.data.fill_(1.5)  # a norm gain away from 0, where decay would show
+    frozen = model.model.layers[0].mlp.down_proj.weight
+    frozen.requires_grad_(False)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer = make_optimizer(model.parameters(), OptimConfig(lr=0.5, weight_decay=0.2))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p) if p.requires_grad else None
+    # With zero gradients AdamW's step is the decay alone: p * (1 - lr * weight_decay) = p * 0.9.
+    optimizer.step()
+    decayed, kept = set(), set()
+    for name, p in model.named_parameters():
+        if torch.equal(p, before[name]):
+            kept.add(name)
+        else:
+            torch.testing.assert_close(p.detach(), before[name] * 0.9, msg=name)
+            decayed.add(name)
+    assert "model.layers.0.self_attn.q_proj.bias" in kept and "model.norm.weight" in kept
+    assert "model.layers.0.input_layernorm.weight" in kept and "model.layers.0.mlp.down_proj.weight" in kept
+    assert "model.layers.0.self_attn.q_proj.weight" in decayed and "model.embed_tokens.weight" in decayed
+    assert all(p.ndim < 2 for name, p in model.named_parameters() if name in kept and p.requires_grad)
+    assert all(p is not frozen for group in optimizer.param_groups for p in group["params"])

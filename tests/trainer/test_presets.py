@@ -52,9 +52,17 @@ def test_every_preset_is_a_valid_config_and_presets_cannot_be_mutated():
         assert isinstance(algorithm_config(name), AlgorithmConfig)
     with pytest.raises(TypeError):
         PRESETS["GRPO"]["beta"] = 1.0  # type: ignore[index]
-    changed = algorithm_config("grpo", beta=0.0, tis_cap=2.0)
-    assert (changed.beta, changed.tis_cap) == (0.0, 2.0)
+    changed = algorithm_config("grpo", beta=0.0, off_policy="truncated_is", behaviour_weight_cap=2.0)
+    assert (changed.beta, changed.off_policy, changed.behaviour_weight_cap) == (0.0, "truncated_is", 2.0)
     assert algorithm_config("GRPO").beta == 0.01
+
+
+def test_every_preset_corrects_stale_samples_with_the_decoupled_objective_by_default():
+    # Samples arrive up to max_staleness versions old in asynchronous runs, whichever the algorithm.
+    for name in PRESETS:
+        config = algorithm_config(name)
+        assert (config.off_policy, config.behaviour_weight_cap) == ("decoupled", 5.0), name
+    assert algorithm_config("GRPO", off_policy="behaviour_ratio").off_policy == "behaviour_ratio"
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -62,7 +70,8 @@ def test_every_preset_is_a_valid_config_and_presets_cannot_be_mutated():
     ({"clip_low": 1.5}, "clip_low"),
     ({"beta": -0.1}, "beta"),
     ({"aggregation": "mean"}, "aggregation"),
-    ({"tis_cap": 0}, "tis_cap"),
+    ({"behaviour_weight_cap": 1.0}, "behaviour_weight_cap"),
+    ({"off_policy": "importance"}, "off_policy"),
     ({"filter_range": (0.9, 0.1)}, "filter_range"),
     ({"ratio_level": "sequence", "aggregation": "token_level"}, "ratio_level"),
 ])

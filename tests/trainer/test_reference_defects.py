@@ -54,7 +54,7 @@ def test_logprobs_use_each_samples_own_sampling_temperature_not_the_initial_one(
 def _grads(model, batch, config, normaliser):
     model.zero_grad()
     loss, _ = policy_loss(policy_logprobs(model, batch), batch.old_logp, batch.advantages, batch.response_mask,
-                          config, normaliser=normaliser)
+                          config, normaliser=normaliser, behaviour_logp=batch.behaviour_logp)
     loss.backward()
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 

@@ -3,15 +3,18 @@
 Every loss here is a SUM over the micro-batch divided by a normaliser of the whole mini-batch (all micro-batches,
 all data-parallel ranks), so summing micro-batch losses gives exactly the one-big-batch loss. Colossal-RL divided
 by per-micro-batch counts and summed, which made the gradient scale depend on the micro-batch count.
+
+Three policies meet in an asynchronous step: the sampler's (behaviour, possibly versions old), the trainer's
+before this step's updates (old, or proximal) and the one being updated. `AlgorithmConfig.off_policy` picks how
+they enter the loss; the default, AReaL's decoupled objective, clips against old and weights by old / behaviour.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from zerobubble.trainer.algorithms.presets import Aggregation, AlgorithmConfig, RatioLevel
@@ -19,14 +22,19 @@ from zerobubble.trainer.algorithms.presets import Aggregation, AlgorithmConfig, 
 
 @dataclass(frozen=True)
 class LossStats:
-    """Detached means over this micro-batch's effective tokens (weight by effective_tokens to combine them)."""
+    """Detached figures over this micro-batch's effective tokens: means (weight them by effective_tokens to
+    combine micro-batches) and maxima."""
 
     clip_fraction: Tensor
+    clip_low_fraction: Tensor
+    clip_high_fraction: Tensor
     ratio_mean: Tensor
     effective_tokens: Tensor
     kl_mean: Tensor | None = None
     entropy_mean: Tensor | None = None
-    tis_weight_mean: Tensor | None = None
+    behaviour_weight_mean: Tensor | None = None
+    behaviour_weight_max: Tensor | None = None
+    capped_fraction: Tensor | None = None
 
 
 def local_normaliser(mask: Tensor, aggregation: Aggregation, *, max_new_tokens: int | None = None) -> Tensor:
@@ -49,21 +57,20 @@ def mini_batch_normaliser(
     aggregation: Aggregation,
     *,
     max_new_tokens: int | None = None,
-    group: dist.ProcessGroup | None = None,
+    sum_over_ranks: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """The normaliser to pass to every micro-batch's `policy_loss` in one optimizer step.
 
-    Sums `local_normaliser` over the micro-batch masks; with a data-parallel `group`, all-reduces the sum
-    and divides it by the group size, because DDP and FSDP average gradients over ranks: each rank's
-    loss sum / (global count / ranks), averaged, is the global sum / global count. At least 1, so a
-    mini-batch with nothing to learn from gives a zero loss, not NaN.
+    Sums `local_normaliser` over this rank's micro-batch masks, then over the data-parallel ranks with
+    `sum_over_ranks` (the strategy's all_reduce_sum). The strategies SUM gradients over ranks, so each rank's
+    loss sum / the global count, summed, is the global sum / global count: the update of one big batch.
+    At least 1, so a mini-batch with nothing to learn from gives a zero loss, not NaN.
     """
     total = sum(local_normaliser(mask, aggregation, max_new_tokens=max_new_tokens).double() for mask in masks)
     if not isinstance(total, Tensor):
         raise ValueError("mini_batch_normaliser needs at least one micro-batch mask")
-    if group is not None:
-        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
-        total = total / dist.get_world_size(group)
+    if sum_over_ranks is not None:
+        total = sum_over_ranks(total)
     return total.clamp(min=1.0)
 
 
@@ -85,12 +92,30 @@ def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: RatioL
     return sequence.expand_as(log_ratio)
 
 
-def truncated_is_weight(old_logp: Tensor, behaviour_logp: Tensor, cap: float) -> Tensor:
-    # TIS ("Your efficient RL framework secretly brings you off-policy RL training", Yao et al. 2025):
-    # min(pi_old / pi_behaviour, cap), detached, corrects for the sampler's numerics differing from the trainer's.
-    return torch.exp(old_logp - behaviour_logp).clamp(max=cap).detach()
+@dataclass(frozen=True)
+class BehaviourWeight:
+    """[N, T] detached weights multiplying each token's clipped term, and where the raw weight exceeded the cap."""
+
+    raw: Tensor
+    applied: Tensor
+    capped: Tensor
 
 
+def behaviour_weight(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor,
+                     config: AlgorithmConfig) -> BehaviourWeight:
+    """pi_old / pi_behaviour (per token, or per sequence with GSPO's ratio), capped as `config.off_policy` says."""
+    raw = importance_ratio(old_logp, behaviour_logp, mask, config.ratio_level).detach()
+    capped = raw > config.behaviour_weight_cap
+    if config.off_policy == "decoupled":
+        # AReaL's decoupled PPO objective (Fu et al. 2025, arXiv 2505.24298, eq. 5): the clip keeps the update
+        # near the proximal policy pi_old, and pi_old / pi_behaviour corrects for who drew the tokens; as in
+        # AReaL's ppo_actor_loss_fn, tokens whose weight exceeds behav_imp_weight_cap are dropped.
+        applied = torch.where(capped, 0.0, raw)
+    else:
+        # TIS ("Your efficient RL framework secretly brings you off-policy RL training", Yao et al. 2025):
+        # min(pi_old / pi_behaviour, cap).
+        applied = raw.clamp(max=config.behaviour_weight_cap)
+    return BehaviourWeight(raw, applied, capped)
 def aggregate(per_token: Tensor, mask: Tensor, aggregation: Aggregation, normaliser: Tensor | float) -> Tensor:
     """Reduce [N, T] per-token losses to the micro-batch's share of the mini-batch loss."""
     masked = torch.where(mask, per_token, 0.0)
@@ -107,7 +132,7 @@ def aggregate(per_token: Tensor, mask: Tensor, aggregation: Aggregation, normali
 
 def policy_loss(
     logp: Tensor,
-    old_logp: Tensor,
+    old_logp: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
     config: AlgorithmConfig,
@@ -119,10 +144,11 @@ def policy_loss(
 ) -> tuple[Tensor, LossStats]:
     """The clipped surrogate (plus beta * k3 KL) of one micro-batch, scaled by the mini-batch `normaliser`.
 
-    logp [N, T] (with gradients), old_logp [N, T] (the policy before this update), advantages [N, T] or [N],
-    mask [N, T] (effective response tokens: padding, filtered samples and overlong-filtered samples are 0).
-    normaliser: from `mini_batch_normaliser` over every micro-batch of the optimizer step.
-    ref_logp is needed when beta > 0; behaviour_logp (the sampler's log-probs) when tis_cap is set.
+    logp [N, T] (with gradients); old_logp [N, T]: the policy before this update (the proximal policy; unused
+    with off_policy 'behaviour_ratio'); behaviour_logp [N, T]: the sampler's log-probs (needed unless off_policy
+    is 'none'); advantages [N, T] or [N]; mask [N, T] (effective response tokens: padding, filtered samples and
+    overlong-filtered samples are 0). normaliser: `mini_batch_normaliser` over every micro-batch of the
+    optimizer step and every rank. ref_logp is needed when beta > 0.
     Values at masked positions are never read, so padding may hold anything, NaN included.
     """
     mask = mask.bool()
@@ -130,34 +156,41 @@ def policy_loss(
         advantages = advantages.unsqueeze(1).expand_as(mask)
     if config.beta > 0 and ref_logp is None:
         raise ValueError(f"beta={config.beta} needs ref_logp (the reference model's log-probs)")
-    if config.tis_cap is not None and behaviour_logp is None:
-        raise ValueError(f"tis_cap={config.tis_cap} needs behaviour_logp (the sampler's log-probs)")
-    # Zero the padding before any exp: where() after the fact still back-propagates NaN from inf.
-    logp, old_logp, advantages = (torch.where(mask, t, 0.0) for t in (logp, old_logp, advantages))
+    if config.off_policy != "none" and behaviour_logp is None:
+        raise ValueError(f"off_policy={config.off_policy!r} needs behaviour_logp (the sampler's log-probs)")
+    if config.off_policy != "behaviour_ratio" and old_logp is None:
+        raise ValueError(f"off_policy={config.off_policy!r} needs old_logp (the policy before this update)")
 
-    ratio = importance_ratio(logp, old_logp.detach(), mask, config.ratio_level)
+    def effective(values: Tensor) -> Tensor:
+        # Zero the padding before any exp: where() after the fact still back-propagates NaN from inf.
+        return torch.where(mask, values, 0.0)
+
+    logp, advantages = effective(logp), effective(advantages)
+    # Colossal-RL's ratio is against the sampler (behaviour_ratio); PPO's against the policy before the update.
+    denominator = behaviour_logp if config.off_policy == "behaviour_ratio" else old_logp
+    ratio = importance_ratio(logp, effective(denominator).detach(), mask, config.ratio_level)
     unclipped = ratio * advantages
     # PPO clipping with DAPO's decoupled bounds: -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A).
     clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
 
-    tis_weight = None
-    if config.tis_cap is not None:
-        tis_weight = truncated_is_weight(old_logp, torch.where(mask, behaviour_logp, 0.0), config.tis_cap)
-        per_token = per_token * tis_weight
+    weight = None
+    if config.off_policy in ("decoupled", "truncated_is"):
+        weight = behaviour_weight(effective(old_logp), effective(behaviour_logp), mask, config)
+        per_token = per_token * weight.applied
     kl = None
     if ref_logp is not None:
-        kl = k3_kl(logp, torch.where(mask, ref_logp, 0.0).detach())
+        kl = k3_kl(logp, effective(ref_logp).detach())
         if config.beta > 0:
             per_token = per_token + config.beta * kl
 
     loss = aggregate(per_token, mask, config.aggregation, normaliser)
-    return loss, _stats(mask, ratio, clipped < unclipped, kl, entropy, tis_weight)
+    return loss, _stats(mask, ratio, advantages, clipped < unclipped, kl, entropy, weight)
 
 
 def _stats(
-    mask: Tensor, ratio: Tensor, was_clipped: Tensor, kl: Tensor | None, entropy: Tensor | None,
-    tis_weight: Tensor | None,
+    mask: Tensor, ratio: Tensor, advantages: Tensor, was_clipped: Tensor, kl: Tensor | None, entropy: Tensor | None,
+    weight: BehaviourWeight | None,
 ) -> LossStats:
     count = mask.sum()
     with torch.no_grad():
@@ -168,9 +201,14 @@ def _stats(
 
         return LossStats(
             clip_fraction=mean(was_clipped),
+            # The clip acts above 1 + clip_high only for A > 0 and below 1 - clip_low only for A < 0.
+            clip_low_fraction=mean(was_clipped & (advantages < 0)),
+            clip_high_fraction=mean(was_clipped & (advantages > 0)),
             ratio_mean=mean(ratio),
             effective_tokens=count,
             kl_mean=mean(kl),
             entropy_mean=mean(entropy),
-            tis_weight_mean=mean(tis_weight),
+            behaviour_weight_mean=None if weight is None else mean(weight.raw),
+            behaviour_weight_max=None if weight is None else torch.where(mask, weight.raw, 0.0).max(),
+            capped_fraction=None if weight is None else mean(weight.capped),
         )

@@ -14,6 +14,7 @@ from zerobubble.common.run_spec import PresetName
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 Aggregation = Literal["sample_level", "token_level", "constant"]
 RatioLevel = Literal["token", "sequence"]
+OffPolicyCorrection = Literal["decoupled", "truncated_is", "behaviour_ratio", "none"]
 
 
 class AlgorithmConfig(Schema):
@@ -38,9 +39,15 @@ class AlgorithmConfig(Schema):
         "token", description="token: one importance ratio per token; sequence: GSPO's length-normalised "
         "sequence ratio, clipped per sample"
     )
-    tis_cap: float | None = Field(
-        None, gt=0, description="truncated importance sampling: weight tokens by min(exp(old - behaviour), cap); "
-        "null disables"
+    off_policy: OffPolicyCorrection = Field(
+        "decoupled", description="how samples drawn by older weights (or another engine's numerics) are "
+        "corrected. decoupled: ratio against the policy before this step, times the behaviour weight "
+        "pi_old / pi_behaviour, tokens whose weight exceeds behaviour_weight_cap dropped (AReaL); truncated_is: "
+        "the same with the weight truncated at the cap (TIS); behaviour_ratio: the ratio's denominator is the "
+        "sampler's log-prob (Colossal-RL); none: ratio against the policy before this step, no weight"
+    )
+    behaviour_weight_cap: float = Field(
+        5.0, gt=1, description="cap of the behaviour weight pi_old / pi_behaviour (decoupled, truncated_is)"
     )
     overlong_filtering: bool = Field(False, description="truncated responses are masked out of the loss")
     soft_overlong_punishment: bool = Field(

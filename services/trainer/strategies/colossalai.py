@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
-from zerobubble.trainer.optim import make_optimizer, make_scheduler
+from zerobubble.trainer.optim import decay_groups, make_optimizer, make_scheduler
 from zerobubble.trainer.strategies.base import StepResult, Strategy, StrategyConfig, join_data_parallel
 
 OPTIMIZER_DIR = "optimizer"
@@ -67,8 +67,8 @@ class ColossalAIStrategy(Strategy):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         if self.device.type == "cuda":
-            optimizer = cai["HybridAdam"](model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps,
-                                          weight_decay=optim.weight_decay, adamw_mode=True)
+            optimizer = cai["HybridAdam"](decay_groups(model.parameters(), optim.weight_decay), lr=optim.lr,
+                                          betas=optim.betas, eps=optim.eps, adamw_mode=True)
         else:
             # HybridAdam's CPU kernel is built as a CUDA extension and refuses to load without CUDA.
             optimizer = make_optimizer(model.parameters(), optim)
