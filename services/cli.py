@@ -83,14 +83,62 @@ def _bench_transport(args) -> dict:
 
 
 # Each area adds its own subcommands here: a module with `register(subparsers)` (and, for benchmarks,
-# `register_bench(bench_subparsers)` whose parsers set `measure` to a function returning the figures).
-COMMAND_MODULES = ("zerobubble.tiny.commands", "zerobubble.launcher.commands", "zerobubble.runs.plot")
-BENCH_MODULES = ("zerobubble.reward.bench", "zerobubble.trainer.bench_weights", "zerobubble.rollout.bench",
-                 "zerobubble.launcher.bench_pipeline", "zerobubble.launcher.bench_gpu", "zerobubble.fuzz.bench",
-                 "zerobubble.launcher.bench_data")
+# `register_bench(bench_subparsers)` whose parsers set `measure` to a function returning the figures), named with a
+# one-line summary for the command list. A module is imported only when one of its commands runs: most bring torch,
+# which the light install (`pip install zerobubble`, no `[train]`) lacks and which `--help` and `serve reward` skip.
+COMMANDS = {
+    "make-tiny-model": ("zerobubble.tiny.commands", "write a tiny Qwen2-architecture model and tokenizer"),
+    "make-task": ("zerobubble.tiny.commands", "write a synthetic task: train.jsonl and held-out eval.jsonl"),
+    "up": ("zerobubble.launcher.commands", "run the whole pipeline on this machine (default: the tiny CPU demo)"),
+    "plot": ("zerobubble.runs.plot", "draw a run's training curves (and evaluations) into one PNG"),
+}
+BENCHES = {
+    "reward": ("zerobubble.reward.bench", "math scores/s with 1 and N workers; sandboxed programs/s"),
+    "weights": ("zerobubble.trainer.bench_weights", "bucketed vs per-tensor vs flat weight broadcast"),
+    "rollout": ("zerobubble.rollout.bench", "engine tokens/s vs a rollout worker's end to end"),
+    "pipeline": ("zerobubble.launcher.bench_pipeline", "the demo pipeline on-policy vs asynchronous"),
+    "gpu-train": ("zerobubble.launcher.bench_gpu", "trainer step on a Qwen2-0.5B-shaped model vs the GPU's peak"),
+    "gpu-generate": ("zerobubble.launcher.bench_gpu", "transformers engine tokens/s on a Qwen2-0.5B-shaped model"),
+    "gpu-sync": ("zerobubble.launcher.bench_gpu", "weight sync trainer -> rollout on one GPU"),
+    "fuzz": ("zerobubble.fuzz.bench", "soak every RPC of every service with generated messages and wire abuse"),
+    "data": ("zerobubble.launcher.bench_data", "a large prompt set's load: rows/s and peak memory per format"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _import_command_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in ("torch", "transformers", "safetensors"):
+            raise SystemExit(f"zerobubble: this command needs {exc.name}, which comes with the train extra: "
+                             "pip install 'zerobubble[train]'") from None
+        raise
+
+
+def _add_lazy(subparsers, table: dict[str, tuple[str, str]], chosen: str | None, register: str) -> None:
+    """Adds every command of `table`: the chosen one through its module's own `register`, the others as names with
+    their summary (enough for the command list; a command is only parsed in full when it runs)."""
+    if chosen in table:
+        getattr(_import_command_module(table[chosen][0]), register)(subparsers)
+    for name, (_module, summary) in table.items():
+        if name not in subparsers.choices:
+            subparsers.add_parser(name, help=summary)
+
+
+def _chosen(argv: list[str]) -> tuple[str | None, str | None]:
+    """The command and, after `bench`, the benchmark that argv names: what decides which modules to import."""
+    rest = list(argv)
+    while rest and rest[0].startswith("-"):
+        option = rest.pop(0)
+        if option == "--log-level" and rest:
+            rest.pop(0)
+    command = rest[0] if rest else None
+    bench = rest[1] if command == "bench" and len(rest) > 1 else None
+    return command, bench
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    command, bench_name = _chosen(argv)
     parser = argparse.ArgumentParser(prog="zerobubble", description=__doc__)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -134,15 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
                            help="groups per training step: the puller commits after each")
     transport.set_defaults(measure=_bench_transport)
     bench.set_defaults(run=cmd_bench)
-    for name in BENCH_MODULES:
-        importlib.import_module(name).register_bench(benches)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    _add_lazy(benches, BENCHES, bench_name, "register_bench")
+    _add_lazy(sub, COMMANDS, command, "register")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     setup_logging(args.log_level)
     try:
         return args.run(args)
