@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.common.logs import setup_logging
+from zerobubble.launcher.ready import announce
 from zerobubble.launcher.tether import follow_launcher
 
 SERVICES = ("reward", "buffer", "rollout", "trainer")
@@ -41,9 +42,11 @@ def cmd_serve(args) -> NoReturn:
     config = load_config(module.CONFIG_SCHEMA, args.config, _overrides(args))
     follow_launcher(config.server.grace_seconds)
     host = module.build(config).start()
-    # One JSON line that supervisors and tests wait for; it gives the bound port when 0 was asked.
-    print(json.dumps({"service": args.service, "address": host.address, "metrics_port": host.metrics_port}),
-          flush=True)
+    # One JSON line for users and scripts; it gives the bound port when 0 was asked. `zerobubble up` reads it from a
+    # file of its own, since libraries print on stdout too.
+    ready = {"service": args.service, "address": host.address, "metrics_port": host.metrics_port}
+    print(json.dumps(ready), flush=True)
+    announce(ready)
     code = host.run_until_signal()
     # The service has closed what it owns; the interpreter's own teardown (seconds with torch loaded, or
     # forever behind a thread stuck in a call) would only stretch the shutdown past the grace.
