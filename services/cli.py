@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import NoReturn
 
@@ -143,6 +144,7 @@ def _chosen(argv: list[str]) -> tuple[str | None, str | None]:
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     command, bench_name = _chosen(argv)
     parser = argparse.ArgumentParser(prog="zerobubble", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('zerobubble')}")
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -198,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except ConfigError as exc:
         print(f"zerobubble: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        # A path on the command line that is not there is the user's to fix: a message, not a traceback.
+        logging.getLogger(__name__).debug("missing file", exc_info=True)
+        print(f"zerobubble: {exc.filename}: no such file or folder", file=sys.stderr)
         return 2
 
 
