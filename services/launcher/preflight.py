@@ -1,6 +1,6 @@
 """What `zerobubble up` checks before it starts a service or makes a model, so that a mistake costs seconds, not a
-warm start and half a pipeline: the model folder, the data files and their rows, the tiny model's preset, and every
-service's config as the run would write it. Each failure is a ConfigError naming the field.
+warm start and half a pipeline: the model folder, the data files and their rows, and every service's config as the
+run would write it. Each failure is a ConfigError naming the field.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ def preflight(config: UpConfig) -> None:
         check_model(config.model)
     check_run_data(config)
     check_services(config)
-    if config.model is None:
-        check_tiny_model(config)
 
 
 def check_model(model: Path) -> None:
@@ -43,13 +41,6 @@ def check_model(model: Path) -> None:
         raise ConfigError(f"model: {model} has no config.json: not a Hugging Face model folder") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"model: {model}/config.json cannot be read: {exc}") from None
-
-
-def check_tiny_model(config: UpConfig) -> None:
-    from zerobubble.tiny.model import SIZES
-
-    if config.tiny_model.size not in SIZES:
-        raise ConfigError(f"tiny_model.size: unknown preset {config.tiny_model.size!r}; known: {', '.join(SIZES)}")
 
 
 def check_run_data(config: UpConfig) -> None:
