@@ -8,11 +8,13 @@ import json
 import logging
 import os
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import NoReturn
 
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.common.logs import setup_logging
+from zerobubble.launcher.ready import announce
 from zerobubble.launcher.tether import follow_launcher
 
 SERVICES = ("reward", "buffer", "rollout", "trainer")
@@ -41,9 +43,11 @@ def cmd_serve(args) -> NoReturn:
     config = load_config(module.CONFIG_SCHEMA, args.config, _overrides(args))
     follow_launcher(config.server.grace_seconds)
     host = module.build(config).start()
-    # One JSON line that supervisors and tests wait for; it gives the bound port when 0 was asked.
-    print(json.dumps({"service": args.service, "address": host.address, "metrics_port": host.metrics_port}),
-          flush=True)
+    # One JSON line for users and scripts; it gives the bound port when 0 was asked. `zerobubble up` reads it from a
+    # file of its own, since libraries print on stdout too.
+    ready = {"service": args.service, "address": host.address, "metrics_port": host.metrics_port}
+    print(json.dumps(ready), flush=True)
+    announce(ready)
     code = host.run_until_signal()
     # The service has closed what it owns; the interpreter's own teardown (seconds with torch loaded, or
     # forever behind a thread stuck in a call) would only stretch the shutdown past the grace.
@@ -134,6 +138,7 @@ def _chosen(argv: list[str]) -> tuple[str | None, str | None]:
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     command, bench_name = _chosen(argv)
     parser = argparse.ArgumentParser(prog="zerobubble", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('zerobubble')}")
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -198,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"zerobubble: this command needs {exc.name}, which the train extra brings: "
               "pip install 'zerobubble[train]'", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        # A path on the command line that is not there is the user's to fix: a message, not a traceback.
+        logging.getLogger(__name__).debug("missing file", exc_info=True)
+        print(f"zerobubble: {exc.filename}: no such file or folder", file=sys.stderr)
         return 2
 
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ DATA_SOURCE_KEYS = ("data_source", "datasource")
 BATCH_ROWS = 4096
 REPORTED_BAD_ROWS = 20
 # namespace/name without a file suffix: what a hub id looks like, as opposed to a mistyped local path.
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # One encoder for every row: json.dumps with options builds a new one per call.
 _to_json = json.JSONEncoder(ensure_ascii=False).encode
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
@@ -446,7 +447,7 @@ def _rows(spec: DataSpec, default_split: str, field: str) -> tuple[Iterator[tupl
         return _folder_rows(path, spec.split, default_split, field), "row"
     if not path.exists():
         hint = ""
-        if _HUB_ID.fullmatch(str(path)) and not path.suffix:
+        if HUB_ID.fullmatch(str(path)) and not path.suffix:
             hint = (f"; {str(path)!r} looks like a Hugging Face hub id, and data sets from the hub need network: "
                     f"download it first (huggingface-cli download --repo-type dataset {path} --local-dir DIR) and "
                     "give the folder")
@@ -462,12 +463,28 @@ def _rows(spec: DataSpec, default_split: str, field: str) -> tuple[Iterator[tupl
 
 def load_data(spec: DataSpec, *, field: str, default_split: str) -> DataSet:
     """Read the set, stopping with a summary of its bad rows (file, line or row, field) unless skip_bad_rows."""
+    return _load(spec, field=field, default_split=default_split, deadline=None)[0]
+
+
+def check_data(spec: DataSpec, *, field: str, default_split: str, seconds: float) -> bool:
+    """What load_data would refuse, found before anything expensive starts: the rows read within `seconds` (all of
+    a small set, the start of a big one) are checked as load_data checks them, with the same DataError. True when
+    every row was read."""
+    return _load(spec, field=field, default_split=default_split, deadline=time.monotonic() + seconds)[1]
+
+
+def _load(spec: DataSpec, *, field: str, default_split: str, deadline: float | None) -> tuple[DataSet, bool]:
+    """The set's usable rows, and whether they are all of them (reading stops at `deadline`)."""
     rows, label = _rows(spec, default_split, field)
     reader = RowReader(spec.columns, field)
     builder, bad = _Builder(), BadRows(spec.path, label)
     total = 0
+    complete = True
     try:
         for number, row, error in rows:
+            if deadline is not None and time.monotonic() > deadline:
+                complete = False
+                break
             total += 1
             if error is None:
                 try:
@@ -494,6 +511,6 @@ def load_data(spec: DataSpec, *, field: str, default_split: str) -> DataSet:
     data.skipped = bad.count
     if bad.count:
         log.warning("skipping %s", bad.summary(total))
-    if not len(data):
+    if complete and not len(data):
         raise DataError(f"{spec.path}: no prompts")
-    return data
+    return data, complete

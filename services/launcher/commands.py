@@ -24,14 +24,20 @@ def up_config(args) -> UpConfig:
 
 
 def cmd_up(args) -> int:
+    from zerobubble.launcher.preflight import preflight
+
+    config = up_config(args)
+    preflight(config)
+    # Imported once the input is known good: the pipeline brings torch, which a mistyped path need not wait for.
     from zerobubble.launcher.run import up
 
-    return up(up_config(args), resume=args.resume is not None)
+    return up(config, resume=args.resume is not None)
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("up", help="run the whole pipeline on this machine (default: the tiny CPU demo)")
-    parser.add_argument("--config", type=Path, help="a run config (default: the demo, zerobubble/configs/demo.yaml)")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="a run config (default: the demo, zerobubble/configs/demo.yaml)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a field, e.g. pipeline.rollout_workers=2 or trainer.max_steps=10")
     parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a stopped run")

@@ -10,17 +10,25 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zerobubble.common.config import ConfigError, Schema, load_config
+from zerobubble.tiny.shapes import SIZES
 
 
 class TinyModel(Schema):
-    size: str = Field("1m", description="preset of `zerobubble make-tiny-model`")
+    size: str = Field("1m", description="preset of `zerobubble make-tiny-model`: " + ", ".join(SIZES))
     seed: int = 0
     warm_start_steps: int = Field(300, ge=0, description="supervised steps before RL (0: none)")
     warm_start_label_smoothing: float = Field(
         0.1, ge=0, lt=1, description="label smoothing of the warm start: leaves the model unsure, for RL to sharpen")
+
+    @field_validator("size")
+    @classmethod
+    def _known_size(cls, value: str) -> str:
+        if value not in SIZES:
+            raise ValueError(f"unknown preset {value!r}; known: {', '.join(SIZES)}")
+        return value
 
 
 class ArithmeticTask(Schema):

@@ -8,8 +8,8 @@ closed, so a rank cannot follow the launcher itself: it follows the agent (it is
 goes). The agent restarts nothing: a rank that dies ends the whole trainer, which `up` restarts with resume, as
 it would a single process.
 
-Only rank 0 speaks on stdout, where the launcher reads the trainer's address; the other ranks log warnings and
-errors only, into the same log.
+Only rank 0 announces the trainer's address to the launcher (ready.py); the other ranks log warnings and errors
+only, into the same log.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 
+from zerobubble.launcher.ready import READY_FILE
 from zerobubble.launcher.tether import follow_launcher
 
 RANK_COMMAND = "rank"
@@ -55,6 +56,7 @@ def run_rank(cli_args: list[str]) -> None:
     if str(os.getppid()) != os.environ.get(AGENT_PID_ENV):
         sys.exit("the trainer's agent is gone")
     if os.environ.get("RANK", "0") != "0":
+        os.environ.pop(READY_FILE, None)
         os.environ["ZEROBUBBLE_LOG"] = "WARNING"
         # Its stdout would only say its own address, which nobody calls.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerobubble.launcher.data_parallel import agent_command
+from zerobubble.launcher.ready import READY_FILE, read_announcement
 from zerobubble.launcher.tether import Tether
 
 
@@ -24,7 +23,8 @@ class ServiceFailed(RuntimeError):
 
 
 class ServiceProcess:
-    """`zerobubble serve NAME --config FILE` as a child process; its log goes to LOG_DIR/NAME.log.
+    """`zerobubble serve NAME --config FILE` as a child process; its output goes to LOG_DIR/NAME.log, and its address
+    line, once it serves, to LOG_DIR/NAME.ready.json (ready.py).
 
     With a `tether` the service holds the run folder with the launcher and stops when the launcher is gone.
     `restart_overrides` are `--set` items a restart adds (a trainer resumes from its checkpoint). A trainer of
@@ -36,6 +36,7 @@ class ServiceProcess:
         self.service = service
         self.config_path = config_path
         self.log_path = log_dir / f"{name}.log"
+        self.ready_path = log_dir / f"{name}.ready.json"
         self.tether = tether
         self.restart_overrides = tuple(restart_overrides)
         self.processes = processes
@@ -45,20 +46,21 @@ class ServiceProcess:
 
     def start(self, timeout: float, extra: Sequence[str] = ()) -> ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
+        self.ready_path.unlink(missing_ok=True)
         serve_args = ["--config", str(self.config_path), *extra]
         command = (agent_command(self.processes, serve_args) if self.processes > 1
                    else [sys.executable, "-m", "zerobubble.cli", "serve", self.service, *serve_args])
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.tether.env if self.tether else {})}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", READY_FILE: str(self.ready_path),
+               **(self.tether.env if self.tether else {})}
         # Children get their own process group so a Ctrl-C reaches the launcher alone, which then stops
         # them in order instead of all at once.
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                                        env=env, pass_fds=self.tether.pass_fds if self.tether else ())
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env=env, pass_fds=self.tether.pass_fds if self.tether else ())
         if self.tether is not None:
             self.tether.record(self.name, self.process.pid)
-        ready = self._read_ready_line(timeout)
-        self.address, self.metrics_port = ready["address"], ready["metrics_port"]
-        threading.Thread(target=self._drain, args=(log,), daemon=True).start()
+        ready = self._wait_ready(timeout)
+        self.address, self.metrics_port = ready["address"], ready.get("metrics_port")
         self.wait_healthy(timeout)
         return self
 
@@ -66,26 +68,24 @@ class ServiceProcess:
         """Start it again after it died, at the address its peers were given."""
         return self.start(timeout, ["--listen", self.address, *(f"--set={item}" for item in self.restart_overrides)])
 
-    def _read_ready_line(self, timeout: float) -> dict:
-        box: list[bytes] = []
-        reader = threading.Thread(target=lambda: box.append(self.process.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not box or not box[0]:
-            self.kill()
-            code = self.process.wait()
-            why = f"exited with code {code}" if box else f"did not start within {timeout:.0f} s"
-            raise ServiceFailed(f"{self.name} {why}; see {self.log_path}")
-        try:
-            return json.loads(box[0])
-        except json.JSONDecodeError:
-            raise ServiceFailed(f"{self.name} printed {box[0][:200]!r} instead of its address") from None
-
-    def _drain(self, log) -> None:
-        with log:
-            for line in self.process.stdout:
-                log.write(line)
-                log.flush()
+    def _wait_ready(self, timeout: float) -> dict:
+        """The service's address line, once it has written it; ServiceFailed when it exits or takes too long."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ready = read_announcement(self.ready_path)
+            except ValueError as exc:
+                self.kill()
+                raise ServiceFailed(f"{self.name} announced no address ({exc}); see {self.log_path}") from None
+            if ready is not None:
+                return ready
+            code = self.exit_code
+            if code is not None:
+                raise ServiceFailed(f"{self.name} exited with code {code} before serving; see {self.log_path}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ServiceFailed(f"{self.name} did not start within {timeout:.0f} s; see {self.log_path}")
+            time.sleep(0.05)
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -17,6 +17,11 @@ class ReferenceFlag:
     target: str                     # dotted UpConfig field
     type: Callable[[str], Any]
     help: str
+    metavar: str | None = None      # what --help shows for the value; default: the field's own name
+
+    @property
+    def placeholder(self) -> str:
+        return self.metavar or self.target.rpartition(".")[2].upper()
 
 
 def _eval_path(text: str) -> str:
@@ -31,7 +36,7 @@ FLAGS = (
     ReferenceFlag(("-d", "--dataset"), "train_data", str, "training JSONL"),
     ReferenceFlag(("-ed", "--eval-dataset"), "eval_data", _eval_path,
                   "held-out JSONL (the reference's JSON of name:path takes its first path)"),
-    ReferenceFlag(("-p", "--project"), "run_dir", lambda name: f"runs/{name}", "run folder runs/NAME"),
+    ReferenceFlag(("-p", "--project"), "run_dir", lambda name: f"runs/{name}", "run folder runs/NAME", "NAME"),
     ReferenceFlag(("-e", "--num-episodes"), "buffer.prompts.epochs", int, "passes over the data"),
     ReferenceFlag(("-i", "--num-inferencer"), "pipeline.rollout_workers", int, "rollout workers"),
     ReferenceFlag(("-g", "--num-generations"), "pipeline.num_generations", int, "responses per prompt"),
@@ -66,7 +71,7 @@ FLAGS = (
 def add_reference_flags(parser) -> None:
     group = parser.add_argument_group("Colossal-RL rl_example.py flags (mapped onto the configuration)")
     for flag in FLAGS:
-        group.add_argument(*flag.flags, dest=_dest(flag), type=flag.type, default=None,
+        group.add_argument(*flag.flags, dest=_dest(flag), type=flag.type, default=None, metavar=flag.placeholder,
                            help=f"{flag.help} [{flag.target}]")
 
 

@@ -8,13 +8,14 @@ Qwen's own tokenizer it normalises to NFC: AutoTokenizer imposes that on every q
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
+
+from zerobubble.tiny.shapes import SIZES
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -28,24 +29,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-@dataclass(frozen=True)
-class TinyShape:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-
-
-# Parameter counts with the 259-token vocabulary and tied embeddings (see tests/tiny/test_model.py).
-SIZES: dict[str, TinyShape] = {
-    "1m": TinyShape(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=512),
-    "2m": TinyShape(hidden=160, layers=6, heads=4, kv_heads=2, intermediate=640),
-    "5m": TinyShape(hidden=256, layers=6, heads=8, kv_heads=4, intermediate=832),
-    "20m": TinyShape(hidden=448, layers=8, heads=8, kv_heads=4, intermediate=1536),
-}
 
 
 def _byte_vocabulary() -> dict[str, int]:
