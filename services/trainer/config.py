@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from zerobubble.common.config import ClientConfig, Schema, ServerConfig
 from zerobubble.trainer.algorithms.presets import AlgorithmConfig, algorithm_config
 from zerobubble.trainer.broadcaster import WeightSyncConfig
+from zerobubble.trainer.lora import LoraConfig, check_target_modules
 from zerobubble.trainer.strategies.base import StrategyConfig
 
 
@@ -102,6 +103,9 @@ class TrainerServiceConfig(Schema):
         "algorithm to override, e.g. {preset: DAPO, clip_high: 0.3}",
     )
     strategy: StrategyConfig = StrategyConfig()
+    lora: LoraConfig | None = Field(
+        None, description="train LoRA adapters on a frozen base, {rank, alpha, dropout, target_modules, lr_scale}; "
+        "the weight sync then sends only the adapters (null: full fine-tuning)")
     batch: BatchConfig = BatchConfig()
     weight_sync: WeightSyncConfig | None = Field(
         WeightSyncConfig(), description="the broadcast group rollout workers join; null: no weight sync")
@@ -117,6 +121,24 @@ class TrainerServiceConfig(Schema):
     def _valid_algorithm(self) -> TrainerServiceConfig:
         self.algorithm_config()
         return self
+
+    @model_validator(mode="after")
+    def _valid_lora(self) -> TrainerServiceConfig:
+        if self.lora is None:
+            return self
+        if self.strategy.name != "fsdp":
+            raise ValueError(f"lora: needs strategy.name fsdp, not {self.strategy.name}")
+        # A folder not made yet (the launcher validates before it builds the model) is checked when it loads.
+        if (self.model / "config.json").is_file():
+            check_target_modules(self.lora, self.model)
+        return self
+
+    def training_strategy(self) -> StrategyConfig:
+        """The strategy as training uses it: with lora, the learning rate scaled by lora.lr_scale."""
+        if self.lora is None:
+            return self.strategy
+        optim = self.strategy.optim.model_copy(update={"lr": self.strategy.optim.lr * self.lora.lr_scale})
+        return self.strategy.model_copy(update={"optim": optim})
 
     def algorithm_config(self) -> AlgorithmConfig:
         values = dict(self.algorithm)
