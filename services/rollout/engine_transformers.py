@@ -14,11 +14,13 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from zerobubble.common.lora_adapter import AdapterMerger, is_adapter, is_peft_adapter, read_peft_adapter
 from zerobubble.rollout.engine import (
     FINISH_LENGTH,
     FINISH_STOP,
     Sample,
     SamplingSettings,
+    WeightLoadError,
     WeightSpec,
     resolve_dtype,
 )
@@ -75,18 +77,31 @@ class TransformersEngine:
 
     def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "auto",
                  seed: int = 0, max_batch_size: int | None = None):
+        """`model_dir` is an HF model folder, or a peft adapter folder (a LoRA checkpoint): its base with the
+        adapter merged."""
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.policy_version = 0
         self.max_batch_size = max_batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
+        adapter = read_peft_adapter(model_dir) if is_peft_adapter(model_dir) else None
+        base_dir = adapter[0] if adapter else model_dir
+        self.model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=self.dtype).to(self.device).eval()
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._eos_ids = torch.tensor(sorted(self._eos_token_ids()), dtype=torch.long, device=self.device)
         pad = self.tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else int(self._eos_ids[0])
         self._params = self.model.state_dict(keep_vars=True)
         self._spec = self._weight_spec()
+        # The base of each layer a LoRA adapter changed: the weights before the first adapter (or the last full load).
+        self._adapters = AdapterMerger(self._current_weight)
+        if adapter:
+            self.load_weights(adapter[1], version=0)
+
+    def _current_weight(self, name: str) -> torch.Tensor:
+        if name not in self._spec.shapes:
+            raise WeightLoadError(f"an adapter targets {name!r}, which is not a weight of this model")
+        return self._params[name]
 
     def _eos_token_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
@@ -179,9 +194,19 @@ class TransformersEngine:
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy into the existing parameters (no new allocation); a refused load changes nothing."""
+        """Copy into the existing parameters (no new allocation); a refused load changes nothing. A LoRA adapter
+        (see zerobubble.common.lora_adapter) is merged into the base weights of the layers it changes."""
+        weights = list(weights)
+        adapter = is_adapter(name for name, _ in weights)
+        if adapter:
+            try:
+                weights = self._adapters.merged(weights)
+            except ValueError as exc:
+                raise WeightLoadError(str(exc)) from None
         for _, target, tensor in self._spec.check_all(weights):
             self._params[target].data.copy_(tensor)
+        if not adapter:
+            self._adapters.forget()
         self.policy_version = version
 
     def close(self) -> None:

@@ -15,9 +15,19 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from zerobubble.rollout.engine import FINISH_LENGTH, FINISH_STOP, Sample, SamplingSettings, WeightSpec, resolve_dtype
+from zerobubble.common.lora_adapter import AdapterMerger, is_adapter
+from zerobubble.rollout.engine import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Sample,
+    SamplingSettings,
+    WeightLoadError,
+    WeightSpec,
+    resolve_dtype,
+)
 
 CPU_KV_CACHE_BYTES = 1 << 30
 
@@ -69,6 +79,17 @@ class VllmEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.llm = LLM(**options)
         self._spec = checkpoint_weight_spec(model_dir)
+        self._model_dir = model_dir
+        # LoRA adapters merge into the model folder's weights, read when the first adapter comes.
+        self._base: dict[str, torch.Tensor] | None = None
+        self._adapters = AdapterMerger(lambda name: self._base_weights()[name])
+
+    def _base_weights(self) -> dict[str, torch.Tensor]:
+        if self._base is None:
+            self._base = {}
+            for path in sorted(self._model_dir.glob("*.safetensors")):
+                self._base.update(load_file(path))
+        return self._base
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         from vllm import SamplingParams, TokensPrompt
@@ -103,12 +124,26 @@ class VllmEngine:
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Reload in place through vLLM; every weight is checked against the checkpoint's names and shapes first,
-        so a refused load changes nothing."""
+        so a refused load changes nothing. A LoRA adapter is merged here, on the rollout side, and loaded as
+        full weights through the same path."""
+        weights = list(weights)
+        if is_adapter(name for name, _ in weights):
+            weights = self._merged(weights)
         checked = [(name, tensor) for name, _, tensor in self._spec.check_all(weights)]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(checked)})
         # Cached prefix blocks hold keys and values computed by the old weights.
         self.llm.reset_prefix_cache()
         self.policy_version = version
+
+    def _merged(self, adapter: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """Every weight of the model folder, with the adapted layers merged: vLLM fuses layers (q, k and v into one),
+        and a reload that gave one part of a fused layer would leave the rest unloaded. The base is the model
+        folder's, also after a full load (keeping a copy of every loaded weight would double host memory)."""
+        try:
+            merged = dict(self._adapters.merged(adapter))
+        except (KeyError, ValueError) as exc:
+            raise WeightLoadError(f"the adapter does not fit the model: {exc}") from None
+        return [(name, merged.get(name, base)) for name, base in self._base_weights().items()]
 
     def close(self) -> None:
         if self.llm is not None:

@@ -92,7 +92,7 @@ class TrainerHost(ServiceHost):
             torch.set_num_threads(config.torch_threads)
         self.trainer_config = config
         write_config(config, config.run_dir)
-        self.strategy = make_strategy(config.strategy, config.model)
+        self.strategy = make_strategy(config.training_strategy(), config.model, config.lora)
         algorithm = config.algorithm
         reference = None
         if algorithm.beta > 0:

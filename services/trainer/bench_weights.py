@@ -7,6 +7,8 @@ model. Then what a sync running in the background costs a training step (forward
 the first size: steps without and with a publish after every step (through the real broadcaster,
 trainer service and weight receiver), in alternating phases with a fixed number of torch threads,
 reported as medians with their spread, and with how many of the steps a sync actually overlapped.
+Last, LoRA on the demo's tiny model: a sync of the adapters alone against a sync of the full weights, each through
+the real broadcaster to a worker process whose transformers engine applies it, and each engine's time to apply one.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from statistics import median, quantiles
 
 import torch
@@ -26,6 +30,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from zerobubble.common.weight_sync import MIB, Manifest, form_group, start_broadcast, wait_broadcast
 from zerobubble.trainer.broadcaster import WeightBroadcaster
+from zerobubble.trainer.lora_config import LoraConfig
 from zerobubble.trainer.sync_config import WeightSyncConfig
 
 # Parameter counts with tied embeddings: tiny ~0.1M (tests), 125m ~128M, 500m ~494M (Qwen2.5-0.5B's shape).
@@ -140,12 +145,16 @@ def _measure_size(size: str, dtype: torch.dtype, bucket_mb: float, repeats: int)
 
 def _receiver_child(address: str, size: str, dtype_name: str, threads: int) -> None:
     """A rollout worker's side: a WeightReceiver loading every version it gets into a transformers model,
-    until its standard input closes."""
+    until its standard input closes. `size` may be a model folder: then the real transformers engine over it."""
+    from zerobubble.rollout.engine_transformers import TransformersEngine
     from zerobubble.rollout.weight_receiver import WeightReceiver
     from zerobubble.trainer.client import TrainerClient
 
     torch.set_num_threads(threads)
-    engine = StandInEngine(build_model(size, getattr(torch, dtype_name), seed=1))
+    if size in SIZES:
+        engine = StandInEngine(build_model(size, getattr(torch, dtype_name), seed=1))
+    else:
+        engine = TransformersEngine(size, dtype=getattr(torch, dtype_name))
     done = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
     with TrainerClient(address) as client:
@@ -215,23 +224,13 @@ def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: 
     """Train steps with and without a sync in the background, in alternating phases (without/with, then
     with/without, ...) so drift and load from elsewhere fall on both alike; the receiver process and the
     broadcaster are up in both, and nothing is in flight when a phase without sync starts."""
-    from zerobubble.common.config import ServerConfig
-    from zerobubble.common.server import ServiceHost
-    from zerobubble.trainer.servicer import SERVICE, TrainerServicer
-    from zerobubble.v1 import trainer_pb2_grpc
-
     model = build_model(size, torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     batch = torch.randint(0, model.config.vocab_size, (batch_size, seq_len))
 
-    broadcaster = _RecordingBroadcaster(WeightSyncConfig(bucket_mb=bucket_mb, member_timeout_s=TIMEOUT_S)).start()
-    host = ServiceHost("trainer", ServerConfig(metrics_port=None, grace_seconds=0))
-    host.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, TrainerServicer(broadcaster, _NoTraining()),
-             SERVICE.full_name)
-    host.start()
-    child = subprocess.Popen([sys.executable, "-m", __name__, "receiver", host.address, size,
-                              str(sync_dtype).split(".")[-1], str(threads)], stdin=subprocess.PIPE)
+    bench = _SyncBench(size, sync_dtype, bucket_mb, threads, _RecordingBroadcaster)
+    broadcaster = bench.broadcaster
     versions = iter(range(1_000_000))
 
     def publish() -> None:
@@ -249,10 +248,7 @@ def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: 
         return timed
 
     try:
-        while broadcaster.members != ["bench-receiver"]:
-            if child.poll() is not None:
-                raise RuntimeError(f"bench receiver exited with {child.returncode} before joining")
-            time.sleep(0.05)
+        bench.wait_member()
         started = time.perf_counter()
         publish()
         broadcaster.wait_synced(0, TIMEOUT_S)
@@ -268,10 +264,7 @@ def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: 
                 (with_sync if syncing else without).append(phase(syncing, steps))
         spans = broadcaster.sync_spans[spans_before:]
     finally:
-        child.stdin.close()
-        child.wait(timeout=60)
-        host.stop(0)
-        broadcaster.close()
+        bench.close()
     baseline = [step for phase_steps in without for step in phase_steps]
     synced = [step for phase_steps in with_sync for step in phase_steps]
     seconds, seconds_with_sync = median(s.seconds for s in baseline), median(s.seconds for s in synced)
@@ -300,6 +293,99 @@ def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: 
     }
 
 
+class _SyncBench:
+    """The real broadcaster and trainer service, and one worker process following them."""
+
+    def __init__(self, model: str, dtype: torch.dtype, bucket_mb: float, threads: int,
+                 broadcaster: type[WeightBroadcaster] = WeightBroadcaster):
+        from zerobubble.common.config import ServerConfig
+        from zerobubble.common.server import ServiceHost
+        from zerobubble.trainer.servicer import SERVICE, TrainerServicer
+        from zerobubble.v1 import trainer_pb2_grpc
+
+        self.broadcaster = broadcaster(WeightSyncConfig(bucket_mb=bucket_mb, member_timeout_s=TIMEOUT_S)).start()
+        self.host = ServiceHost("trainer", ServerConfig(metrics_port=None, grace_seconds=0))
+        self.host.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
+                      TrainerServicer(self.broadcaster, _NoTraining()), SERVICE.full_name)
+        self.host.start()
+        self.child = subprocess.Popen([sys.executable, "-m", __name__, "receiver", self.host.address, model,
+                                       str(dtype).split(".")[-1], str(threads)], stdin=subprocess.PIPE)
+        self.version = 0
+
+    def wait_member(self) -> None:
+        while self.broadcaster.members != ["bench-receiver"]:
+            if self.child.poll() is not None:
+                raise RuntimeError(f"bench receiver exited with {self.child.returncode} before joining")
+            time.sleep(0.05)
+
+    def sync(self, named: list[tuple[str, torch.Tensor]]) -> float:
+        """Seconds from publishing a version to the worker's acknowledgement of it."""
+        self.version += 1
+        started = time.perf_counter()
+        self.broadcaster.publish(named, self.version)
+        if not self.broadcaster.wait_synced(self.version, TIMEOUT_S):
+            raise RuntimeError(f"version {self.version} was not synced within {TIMEOUT_S} s")
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.child.stdin.close()
+        self.child.wait(timeout=60)
+        self.host.stop(0)
+        self.broadcaster.close()
+
+
+def _timed_load(engine, named: list[tuple[str, torch.Tensor]], repeats: int) -> float:
+    seconds = []
+    for version in range(repeats):
+        started = time.perf_counter()
+        engine.load_weights(named, version)
+        seconds.append(time.perf_counter() - started)
+    return median(seconds)
+
+
+def _measure_lora(tiny_size: str, rank: int, repeats: int, bucket_mb: float, threads: int) -> dict:
+    """Adapter sync against full sync of the same fp32 model (what the trainer publishes in each mode)."""
+    from transformers import AutoModelForCausalLM
+
+    from zerobubble.rollout.engine_transformers import TransformersEngine
+    from zerobubble.tiny.model import make_tiny_model
+    from zerobubble.trainer.lora import adapter_weights, wrap
+
+    lora = LoraConfig(rank=rank)
+    with tempfile.TemporaryDirectory(prefix="bench-lora-") as folder:
+        model_dir = make_tiny_model(Path(folder) / "model", size=tiny_size)
+        full = [(name, p.detach()) for name, p in AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()]
+        adapted = wrap(AutoModelForCausalLM.from_pretrained(model_dir), lora)
+        with torch.no_grad():
+            for name, p in adapted.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(std=0.01)  # a trained adapter: B is zero only at the start
+        adapter = list(adapter_weights(adapted))
+        modes = {"full": full, "adapter": adapter}
+        bench = _SyncBench(str(model_dir), torch.float32, bucket_mb, threads)
+        try:
+            bench.wait_member()
+            sync_seconds = {}
+            for mode, named in modes.items():
+                bench.sync(named)  # warm-up: buffers of this manifest on both sides
+                sync_seconds[mode] = median(bench.sync(named) for _ in range(repeats))
+        finally:
+            bench.close()
+        engine = TransformersEngine(model_dir, dtype="fp32")
+        load_seconds = {mode: _timed_load(engine, named, repeats) for mode, named in modes.items()}
+    sizes = {mode: Manifest.plan(named, int(bucket_mb * MIB)).total_bytes for mode, named in modes.items()}
+    return {
+        "tiny_size": tiny_size, "rank": rank, "target_modules": lora.target_modules,
+        "parameters": sum(t.numel() for _, t in full),
+        "adapter_parameters": sum(t.numel() for name, t in adapter if not name.endswith("lora_scaling")),
+        "full_bytes": sizes["full"], "adapter_bytes": sizes["adapter"],
+        "bytes_ratio": sizes["adapter"] / sizes["full"],
+        "full_sync_seconds": sync_seconds["full"], "adapter_sync_seconds": sync_seconds["adapter"],
+        "sync_seconds_ratio": sync_seconds["adapter"] / sync_seconds["full"],
+        "full_load_seconds": load_seconds["full"], "adapter_load_seconds": load_seconds["adapter"],
+    }
+
+
 class _NoTraining:
     def status(self) -> dict:
         return {"step": 0, "policy_version": 0, "last_checkpoint": ""}
@@ -310,7 +396,7 @@ class _NoTraining:
 
 def bench_weights(sizes: list[str], repeats: int = 3, dtype: str = "bfloat16", bucket_mb: float = 256.0,
                   step_size: str | None = None, rounds: int = 8, steps: int = 2, batch_size: int = 2,
-                  seq_len: int = 64, threads: int = 1) -> dict:
+                  seq_len: int = 64, threads: int = 1, lora_size: str = "1m", lora_rank: int = 8) -> dict:
     if min(rounds, steps, threads) < 1:
         raise ValueError(f"rounds, steps and threads must be at least 1, not {rounds}, {steps}, {threads}")
     torch_dtype = getattr(torch, dtype)
@@ -324,6 +410,7 @@ def bench_weights(sizes: list[str], repeats: int = 3, dtype: str = "bfloat16", b
             "broadcast": [_measure_size(size, torch_dtype, bucket_mb, repeats) for size in sizes],
             "train_step": _measure_step(step_size, rounds, steps, batch_size, seq_len, torch_dtype, bucket_mb,
                                         threads),
+            "lora": _measure_lora(lora_size, lora_rank, repeats, bucket_mb, threads),
         }
     finally:
         torch.set_num_threads(threads_before)
@@ -332,7 +419,8 @@ def bench_weights(sizes: list[str], repeats: int = 3, dtype: str = "bfloat16", b
 def _measure(args) -> dict:
     return bench_weights([s.strip() for s in args.sizes.split(",") if s.strip()], repeats=args.repeats,
                          dtype=args.dtype, bucket_mb=args.bucket_mb, step_size=args.step_size, rounds=args.rounds,
-                         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, threads=args.threads)
+                         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, threads=args.threads,
+                         lora_size=args.lora_size, lora_rank=args.lora_rank)
 
 
 def register_bench(bench_subparsers) -> None:
@@ -351,6 +439,9 @@ def register_bench(bench_subparsers) -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads of the trainer and of the receiver (torch.set_num_threads)")
+    parser.add_argument("--lora-size", default="1m",
+                        help="tiny model size of the adapter-vs-full sync (1m: the demo's)")
+    parser.add_argument("--lora-rank", type=int, default=8, help="LoRA rank of that comparison")
     parser.set_defaults(measure=_measure)
 
 

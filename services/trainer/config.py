@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from zerobubble.common.config import ClientConfig, ConfigError, Schema, ServerConfig
 from zerobubble.trainer.algorithms.presets import AlgorithmConfig
+from zerobubble.trainer.lora_config import LoraConfig
 from zerobubble.trainer.strategies.base import StrategyConfig
 from zerobubble.trainer.sync_config import WeightSyncConfig
 
@@ -107,6 +108,9 @@ class TrainerServiceConfig(Schema):
     algorithm: AlgorithmConfig = Field(AlgorithmConfig(), description="a preset plus any field of it to override, "
                                        "e.g. {preset: DAPO, clip_high: 0.3}")
     strategy: StrategyConfig = StrategyConfig()
+    lora: LoraConfig | None = Field(
+        None, description="train LoRA adapters on a frozen base, {rank, alpha, dropout, target_modules, lr_scale}; "
+        "the weight sync then sends only the adapters (null: full fine-tuning)")
     batch: BatchConfig = BatchConfig()
     weight_sync: WeightSyncConfig | None = Field(
         WeightSyncConfig(), description="the broadcast group rollout workers join; null: no weight sync")
@@ -122,3 +126,23 @@ class TrainerServiceConfig(Schema):
         """What this config states of the run spec, by spec field (checked against the buffer's at start)."""
         return {"algorithm": ("algorithm.preset", self.algorithm.preset),
                 "max_new_tokens": ("batch.max_new_tokens", self.batch.max_new_tokens)}
+
+    @model_validator(mode="after")
+    def _valid_lora(self) -> TrainerServiceConfig:
+        if self.lora is None:
+            return self
+        if self.strategy.name != "fsdp":
+            raise ValueError(f"lora: needs strategy.name fsdp, not {self.strategy.name}")
+        # A folder not made yet (the launcher validates before it builds the model) is checked when it loads.
+        if (self.model / "config.json").is_file():
+            from zerobubble.trainer.lora import check_target_modules  # torch: only for a config that uses lora
+
+            check_target_modules(self.lora, self.model)
+        return self
+
+    def training_strategy(self) -> StrategyConfig:
+        """The strategy as training uses it: with lora, the learning rate scaled by lora.lr_scale."""
+        if self.lora is None:
+            return self.strategy
+        optim = self.strategy.optim.model_copy(update={"lr": self.strategy.optim.lr * self.lora.lr_scale})
+        return self.strategy.model_copy(update={"optim": optim})

@@ -30,6 +30,7 @@ from zerobubble.common.version import next_version, staleness
 from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
 from zerobubble.trainer.collate import ExperienceBatch, collate, unusable
 from zerobubble.trainer.config import TrainerServiceConfig
+from zerobubble.trainer.lora import adapter_weights
 from zerobubble.trainer.metrics import TrainerMetrics
 from zerobubble.trainer.strategies.base import Strategy
 from zerobubble.trainer.tracking import Tracker
@@ -272,8 +273,12 @@ class TrainingLoop:
         self._record(figures, groups, trained)
 
     def _publish(self) -> None:
-        """Every rank takes part in gathering the full weights; rank 0 hands them to the broadcaster."""
-        weights = list(self.strategy.full_state_dict())
+        """Every rank takes part in gathering the full weights (with lora: the adapters only, the base never
+        changes); rank 0 hands them to the broadcaster."""
+        if self.config.lora is not None:
+            weights = list(adapter_weights(self.strategy.model))
+        else:
+            weights = list(self.strategy.full_state_dict())
         self.weight_bytes = sum(t.numel() * t.element_size() for _, t in weights)
         if self.broadcaster is not None:
             self.broadcaster.publish(weights, self.policy_version)

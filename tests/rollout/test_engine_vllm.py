@@ -139,3 +139,39 @@ def test_reload_refuses_bad_names_and_shapes(on_varied, other_varied_model, prom
         on_varied.load_weights([(name, tensor.reshape(-1))], version=5)
     assert on_varied.policy_version == 0
     assert tokens_of(on_varied.generate(prompts[:4], greedy(12))) == before
+
+
+def random_adapter(model_dir, seed: int, targets: tuple[str, ...]) -> list:
+    """A LoRA adapter as the weight sync sends it (rank 4, scaling 2) for the target layers of every block."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    adapter = []
+    for name, tensor in checkpoint_weights(model_dir):
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and module.endswith(targets):
+            out_features, in_features = tensor.shape
+            adapter += [(f"{module}.lora_A", torch.randn(4, in_features, generator=generator) * 0.1),
+                        (f"{module}.lora_B", torch.randn(out_features, 4, generator=generator) * 0.1),
+                        (f"{module}.lora_scaling", torch.tensor(2.0))]
+    return adapter
+
+
+def test_a_synced_adapter_merged_on_the_rollout_side_matches_the_transformers_engine(on_varied, varied_model,
+                                                                                       prompts):
+    # q and v are one fused layer in vLLM, and k is left out: the merged weights go in as a whole model.
+    first = random_adapter(varied_model, seed=1, targets=("q_proj", "v_proj", "down_proj"))
+    second = random_adapter(varied_model, seed=2, targets=("q_proj",))
+    before = tokens_of(on_varied.generate(prompts, greedy()))
+    for version, adapter in ((1, first), (2, second)):
+        on_varied.load_weights(adapter, version=version)
+        assert on_varied.policy_version == version
+        ours = on_varied.generate(prompts, greedy())
+        assert tokens_of(ours) != before
+        # A fresh engine with this adapter only: the second replaced the first instead of adding to it.
+        reference = TransformersEngine(varied_model)
+        reference.load_weights(adapter, version=version)
+        theirs = reference.generate(prompts, greedy())
+        assert tokens_of(ours) == tokens_of(theirs)
+        for a, b in zip(ours, theirs, strict=True):
+            np.testing.assert_allclose(a[0].logprobs, b[0].logprobs, atol=LOGPROB_TOLERANCE)

@@ -68,3 +68,16 @@ def test_step_overlap_adds_the_shared_time_of_every_sync():
     assert step.overlap([(0.0, 1.5), (2.5, 4.0), (5.0, 6.0)]) == pytest.approx(1.0)
     assert step.overlap([(0.0, 1.0), (3.0, 4.0)]) == 0.0
     assert step.overlap([(0.0, 9.0)]) == pytest.approx(2.0)
+
+
+def test_an_adapter_sync_moves_under_five_percent_of_the_bytes_of_a_full_sync_of_the_demo_model(result):
+    lora = result["lora"]
+    assert (lora["tiny_size"], lora["rank"]) == ("1m", 8)
+    # fp32 weights as the trainer publishes them; each adapter tensor aligned in its bucket.
+    assert lora["full_bytes"] >= 4 * lora["parameters"]
+    assert 4 * lora["adapter_parameters"] <= lora["adapter_bytes"] < lora["full_bytes"]
+    assert lora["bytes_ratio"] == pytest.approx(lora["adapter_bytes"] / lora["full_bytes"])
+    assert lora["bytes_ratio"] < 0.05
+    assert lora["sync_seconds_ratio"] == pytest.approx(lora["adapter_sync_seconds"] / lora["full_sync_seconds"])
+    for key in ("full_sync_seconds", "adapter_sync_seconds", "full_load_seconds", "adapter_load_seconds"):
+        assert lora[key] > 0, key

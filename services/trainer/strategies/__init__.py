@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zerobubble.trainer.strategies.base import ColossalAIConfig, StepResult, Strategy, StrategyConfig
+
+if TYPE_CHECKING:
+    from zerobubble.trainer.lora_config import LoraConfig
 
 __all__ = ["ColossalAIConfig", "StepResult", "Strategy", "StrategyConfig", "make_strategy"]
 
 
-def make_strategy(config: StrategyConfig, model_dir: Path) -> Strategy:
-    """The configured back end with the HF model in `model_dir` loaded, its optimizer and schedule made."""
+def make_strategy(config: StrategyConfig, model_dir: Path, lora: LoraConfig | None = None) -> Strategy:
+    """The configured back end with the HF model in `model_dir` loaded (with LoRA adapters when `lora` is given:
+    fsdp only), its optimizer and schedule made."""
     if config.name == "colossalai":
+        if lora is not None:
+            raise ValueError("lora needs strategy.name fsdp")
         from zerobubble.trainer.strategies.colossalai import ColossalAIStrategy
 
         return ColossalAIStrategy(config, model_dir)
     from zerobubble.trainer.strategies.fsdp import FSDPStrategy
 
-    return FSDPStrategy(config, model_dir)
+    return FSDPStrategy(config, model_dir, lora)

@@ -25,7 +25,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from zerobubble.trainer import checkpoints
+from zerobubble.trainer import checkpoints, lora
 from zerobubble.trainer.optim import clip_gradients, make_optimizer, make_scheduler
 from zerobubble.trainer.strategies.base import StepResult, Strategy, StrategyConfig, join_data_parallel
 
@@ -33,14 +33,17 @@ _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class FSDPStrategy(Strategy):
-    def __init__(self, config: StrategyConfig, model_dir: Path) -> None:
+    def __init__(self, config: StrategyConfig, model_dir: Path, lora_config: lora.LoraConfig | None = None) -> None:
         super().__init__(config, model_dir)
+        self.lora = lora_config
         self.owns_process_group = join_data_parallel(self.device)
         # Master weights stay fp32; a bf16 dtype is the compute dtype (FSDP's mixed precision, or autocast).
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+        if lora_config is not None:
+            model = lora.wrap(model, lora_config)
         self._autocast_exit: contextlib.ExitStack | None = None
         if self.world_size > 1:
             self._shard(model)
@@ -129,14 +132,21 @@ class FSDPStrategy(Strategy):
         weights: dict[str, Tensor] = {}
         optimizer: dict[str, Any] = {}
         if self.rank == 0:
-            weights = read_hf_weights(directory)
-            for alias, name in self._tied_aliases().items():
-                weights.setdefault(alias, weights[name])
+            weights = self._read_weights(directory)
             optimizer = torch.load(directory / checkpoints.OPTIMIZER_FILE, weights_only=False)
         distributed = self.world_size > 1
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
+        # An adapter checkpoint holds the adapters only: the frozen base stays as loaded.
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed, strict=self.lora is None)
         set_model_state_dict(self.model, weights, options=options)
         set_optimizer_state_dict(self.model, self.optimizer, optimizer, options=options)
+
+    def _read_weights(self, directory: Path) -> dict[str, Tensor]:
+        if self.lora is not None:
+            return lora.read_checkpoint_adapter(directory)
+        weights = read_hf_weights(directory)
+        for alias, name in self._tied_aliases().items():
+            weights.setdefault(alias, weights[name])
+        return weights
 
 
 def read_hf_weights(directory: Path) -> dict[str, Tensor]:
