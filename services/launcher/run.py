@@ -144,10 +144,12 @@ def build_run_spec(config: UpConfig, trainer: TrainerServiceConfig, model: Path)
     under whatever the buffer section's run_spec sets itself."""
     pipeline = config.pipeline
     derived = {
-        "algorithm": trainer.algorithm.preset, "model": model_identity(model).model_dump(),
-        "num_generations": pipeline.num_generations, "max_new_tokens": pipeline.max_new_tokens,
-        "max_staleness": pipeline.max_staleness,
+        "algorithm": trainer.algorithm.preset, "num_generations": pipeline.num_generations,
+        "max_new_tokens": pipeline.max_new_tokens, "max_staleness": pipeline.max_staleness,
     }
+    # Checking a run before `up` makes its model (the dry run of preflight) leaves the identity unpinned.
+    if (model / "config.json").is_file():
+        derived["model"] = model_identity(model).model_dump()
     return validated(RunSpec, merge(derived, config.buffer.get("run_spec", {})), "buffer section: run_spec")
 
 
