@@ -114,7 +114,7 @@ class _Worker:
                 raise TimeoutError("verification worker did not start")
             first = json.loads(self._conn.recv_bytes(_MAX_REPLY_BYTES))
         except (EOFError, OSError):
-            raise RuntimeError(f"verification worker exited at start (exit code {self.process.exitcode})") from None
+            raise WorkerExited(f"verification worker exited at start (exit code {self.process.exitcode})") from None
         if first[0] == "import_error":
             _, field, message = first
             raise ConfigError(f"{field}: cannot import it: {message}")
@@ -134,6 +134,10 @@ class _Worker:
         self.process.kill()
         self.process.join(5)
         self._conn.close()
+
+
+class WorkerExited(RuntimeError):
+    """A worker died before it was ready (a start that cannot import is a ConfigError instead)."""
 
 
 def _fields(reply: Any, *types: tuple[type, ...]) -> list:
@@ -191,8 +195,9 @@ class VerifierPool:
             log.warning("%s exceeded %.1fs; replacing its worker", what, self.timeout_seconds)
             self._replace(worker)
             raise WorkerFailed("timeout") from None
-        except (EOFError, OSError):
-            # OSError also when the reply is over _MAX_REPLY_BYTES: the pipe is left mid-message.
+        except (EOFError, OSError, WorkerExited):
+            # WorkerExited: killed before it was ready. OSError also when the reply is over _MAX_REPLY_BYTES: the
+            # pipe is left mid-message.
             log.warning("%s: worker died or overflowed its pipe (exit code %s); replacing it", what,
                         worker.process.exitcode)
             self._replace(worker)

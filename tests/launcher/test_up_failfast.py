@@ -38,7 +38,7 @@ def bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["--set", "rollout.generation.temperature=-1"], "generation.temperature"),
         (["--set", "reward.math.workers=0"], "math.workers"),
         (["--set", "buffer.filters=3"], "filters"),
-        (["-a", "NOPE"], "NOPE"),
+        (["-a", "NOPE"], "algorithm.preset"),
         (["--set", "tiny_model.size=3m"], "tiny_model.size"),
         (["--config", str(tmp / "missing.yaml")], "missing.yaml"),
         (["-m", str(tmp / "missing-model")], "model: "),

@@ -66,7 +66,7 @@ def test_crashed_worker_is_answered_and_replaced(pool):
     # Kill every worker: whichever took the item dies mid-verification.
     for pid in before:
         os.kill(pid, signal.SIGKILL)
-    caller.join(10)
+    caller.join(60)
     assert outcome["v"].reason == "worker_crash"
     assert pool.replaced > replaced
     deadline = time.monotonic() + 30

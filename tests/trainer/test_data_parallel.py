@@ -126,7 +126,8 @@ def test_two_ranks_train_the_weights_one_process_trains(assets, tmp_path):
     settings = {"batch.groups_per_step": 4, "max_steps": 2}
     trained = {}
     for ranks in (1, RANKS):
-        buffer = start_buffer(train, tmp_path / f"wal-{ranks}", **{"filters.num_generations": GENERATIONS})
+        buffer = start_buffer(train, tmp_path / f"wal-{ranks}", **{"run_spec.num_generations": GENERATIONS,
+                                                   "run_spec.max_new_tokens": 8})
         run_dir = tmp_path / f"run-{ranks}"
         try:
             # The same groups in the same order: each step of both runs takes the same four groups.
@@ -157,7 +158,8 @@ def test_two_ranks_train_the_weights_one_process_trains(assets, tmp_path):
 @pytest.mark.slow
 def test_a_killed_two_rank_trainer_resumes_and_trains_every_group_once(assets, tmp_path):
     model, train, _ = assets
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec.num_generations": GENERATIONS,
+                                                   "run_spec.max_new_tokens": 8})
     run_dir = tmp_path / "run"
     # One group per rank and step, a checkpoint (and Commit) after every step.
     config = trainer_config(model, buffer.address, run_dir, **{
@@ -203,7 +205,7 @@ def checkpoint_rank(rank: int, config: TrainerServiceConfig, delivered: list[int
     from zerobubble.trainer.update import PolicyUpdate, UpdateSettings
 
     strategy = make_strategy(config.strategy, config.model)
-    update = PolicyUpdate(strategy, config.algorithm_config(), UpdateSettings(1, 4, 8))
+    update = PolicyUpdate(strategy, config.algorithm, UpdateSettings(1, 4, 8))
     with BufferClient(config.buffer) as buffer:
         loop = TrainingLoop(config, strategy, update, buffer, pad_id=0, metrics=TrainerMetrics(CollectorRegistry()))
         loop.delivered = delivered[rank]
@@ -215,7 +217,8 @@ def test_a_checkpoint_commits_the_newest_delivery_of_any_rank(assets, tmp_path):
     """Rank 1 trained the newest delivery (5), rank 0 older ones (up to 3): the commit, made by rank 0, and the
     checkpoint cover 5, or a resume would train rank 1's groups again."""
     model, train, _ = assets
-    buffer = start_buffer(train, tmp_path / "wal", **{"filters.num_generations": GENERATIONS})
+    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec.num_generations": GENERATIONS,
+                                                   "run_spec.max_new_tokens": 8})
     run_dir = tmp_path / "run"
     try:
         fill(buffer.address, 6, "producer")
