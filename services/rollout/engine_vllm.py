@@ -39,6 +39,16 @@ def checkpoint_weight_spec(model_dir: Path) -> WeightSpec:
     return WeightSpec(shapes=shapes, aliases=aliases)
 
 
+def request_seeds(seed: int | None, count: int) -> list[int | None]:
+    """One seed per prompt of a call. vLLM seeds the i-th of a request's n samples with seed + i: one seed for every
+    prompt would give all prompts the same n noise streams (and the next call, seed + 1, all but one of them again),
+    so their samples move together, and a token that those few streams disfavour, end-of-sequence above all, is
+    never drawn in a whole batch. Seeds spread by a SeedSequence keep the streams apart."""
+    if seed is None:
+        return [None] * count
+    return [int(s) for s in np.random.SeedSequence(seed).generate_state(count, dtype=np.uint32)]
+
+
 class VllmEngine:
     name = "vllm"
 
@@ -75,7 +85,7 @@ class VllmEngine:
 
         if any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
-        params = SamplingParams(
+        params = [SamplingParams(
             n=sampling.n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -83,10 +93,10 @@ class VllmEngine:
             max_tokens=sampling.max_new_tokens,
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=True,
-            seed=sampling.seed,
+            seed=seed,
             logprobs=0,
             skip_special_tokens=True,
-        )
+        ) for seed in request_seeds(sampling.seed, len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in prompt]) for prompt in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         return [[self._sample(completion) for completion in sorted(out.outputs, key=lambda c: c.index)]
