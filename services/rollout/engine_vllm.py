@@ -49,6 +49,17 @@ def checkpoint_weight_spec(model_dir: Path) -> WeightSpec:
     return WeightSpec(shapes=shapes, aliases=aliases)
 
 
+def request_seeds(seed: int | None, count: int) -> list[int | None]:
+    """One seed per prompt of a call. vLLM seeds the i-th of a request's n samples with seed + i: one seed for every
+    prompt would give all prompts the same n noise streams (and the next call, seed + 1, all but one of them again),
+    so their samples move together: a batch holds the draws of a few streams, and a rare token such as
+    end-of-sequence can be missing from all of it (0 stops in 256 samples on the tiny model, against about 30 with
+    transformers). Seeds spread by a SeedSequence keep the streams apart."""
+    if seed is None:
+        return [None] * count
+    return [int(s) for s in np.random.SeedSequence(seed).generate_state(count, dtype=np.uint32)]
+
+
 class VllmEngine:
     name = "vllm"
 
@@ -96,7 +107,7 @@ class VllmEngine:
 
         if any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
-        params = SamplingParams(
+        params = [SamplingParams(
             n=sampling.n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -104,10 +115,10 @@ class VllmEngine:
             max_tokens=sampling.max_new_tokens,
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=True,
-            seed=sampling.seed,
+            seed=seed,
             logprobs=0,
             skip_special_tokens=True,
-        )
+        ) for seed in request_seeds(sampling.seed, len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in prompt]) for prompt in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         return [[self._sample(completion) for completion in sorted(out.outputs, key=lambda c: c.index)]
