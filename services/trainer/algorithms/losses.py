@@ -107,9 +107,9 @@ def behaviour_weight(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor,
     raw = importance_ratio(old_logp, behaviour_logp, mask, config.ratio_level).detach()
     capped = raw > config.behaviour_weight_cap
     if config.off_policy == "decoupled":
-        # AReaL's decoupled PPO objective (Fu et al. 2025, arXiv 2505.24298, eq. 5): the clip keeps the update
-        # near the proximal policy pi_old, and pi_old / pi_behaviour corrects for who drew the tokens; as in
-        # AReaL's ppo_actor_loss_fn, tokens whose weight exceeds behav_imp_weight_cap are dropped.
+        # The decoupled PPO objective of AReaL (Fu et al. 2025, arXiv 2505.24298): the clip keeps the update near
+        # the proximal policy pi_old, and pi_old / pi_behaviour corrects for who drew the tokens; as in AReaL's
+        # ppo_actor_loss_fn, tokens whose weight exceeds behav_imp_weight_cap are dropped.
         applied = torch.where(capped, 0.0, raw)
     else:
         # TIS ("Your efficient RL framework secretly brings you off-policy RL training", Yao et al. 2025):
