@@ -22,6 +22,7 @@ test: lint compose-tool
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-colossalai
 	$(MAKE) --no-print-directory test-trl
+	$(MAKE) --no-print-directory test-compose
 
 # The tiny CPU demo: every service its own process on loopback, a live progress line, a run folder in runs/demo.
 demo: install
@@ -105,4 +106,16 @@ test-trl:
 		ZEROBUBBLE_REQUIRE_TRL=1 $(TRL_VENV)/bin/pytest -q tests/reward/test_adapter_trl.py; \
 	else \
 		echo "test-trl: SKIPPED: $(TRL_VENV) could not be built (trl==1.16.0, see deploy/trl/)"; \
+	fi
+
+# `docker compose up` of deploy/ on CPU for real (tests/compose): a Docker engine is started (installed when root
+# with apt) where none runs; where none can be had, says why and passes. Base images and pip downloads are cached
+# in /var/cache/zerobubble and Docker's build cache, so a second run takes minutes.
+.PHONY: test-compose
+
+test-compose: install
+	@if reason=$$(tests/compose/docker-engine.sh 2>&1); then \
+		ZEROBUBBLE_COMPOSE=1 $(VENV)/bin/pytest -q -s tests/compose; \
+	else \
+		echo "test-compose: SKIPPED: no Docker engine: $$reason"; \
 	fi
