@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from stack import DEPLOY, PROMETHEUS_IMAGE, IMAGE, Stack, build_images
+from compose_stack import DEPLOY, IMAGE, PROMETHEUS_IMAGE, Stack, build_images
 
 pytestmark = pytest.mark.skipif(os.environ.get("ZEROBUBBLE_COMPOSE") != "1",
                                 reason="the compose stack runs from `make test-compose` (ZEROBUBBLE_COMPOSE=1)")
