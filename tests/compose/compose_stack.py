@@ -21,6 +21,8 @@ IMAGE = "zerobubble:cpu"
 PROMETHEUS_IMAGE = "zerobubble-standin/prometheus"
 STANDIN_PYTHON = "zerobubble-standin/python:3.11-slim"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+# The wheel server's URL is part of the build's cache key: one fixed port keeps the torch layer cached between runs.
+WHEEL_PORT = 38917
 
 
 def run(command: list[str], *, timeout: float, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
@@ -56,11 +58,19 @@ def pullable(image: str) -> bool:
     return run(["docker", "pull", image], timeout=60, check=False).returncode == 0
 
 
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+        pass
+
+
 @contextmanager
 def wheel_server(folder: Path) -> Iterator[str]:
     """Serves the host's wheel folder on loopback, for a build that runs with the host's network."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    handler = functools.partial(QuietHandler, directory=str(folder))
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", WHEEL_PORT), handler)
+    except OSError:  # taken: a build without the cached torch layer
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
