@@ -4,6 +4,8 @@
 # ${ZB_CACHE:-/var/cache/zerobubble}, so later runs only import it. Usage: standin-base.sh TAG
 set -euo pipefail
 tag="$1"
+# A new import is a new image, which would make every build after it start from scratch.
+docker image inspect "$tag" >/dev/null 2>&1 && exit 0
 cache="${ZB_CACHE:-/var/cache/zerobubble}"
 tarball="$cache/bookworm-python3.tar"
 mkdir -p "$cache"
