@@ -139,7 +139,7 @@ def test_cpu_override_makes_its_assets_first_and_mounts_existing_cpu_configs(ove
 def test_reward_service_is_not_privileged_and_has_only_the_capability_bubblewrap_needs(compose):
     reward = compose["services"]["reward"]
     assert "privileged" not in reward
-    assert reward["cap_add"] == ["SYS_ADMIN"]
+    assert reward["cap_add"] == ["SYS_ADMIN", "NET_ADMIN"]
     for name, service in compose["services"].items():
         assert not service.get("privileged"), name
         assert name == "reward" or "cap_add" not in service, name
