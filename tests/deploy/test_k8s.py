@@ -1,8 +1,9 @@
 """deploy/k8s: every manifest is valid against the Kubernetes schemas (kubernetes-validate, offline, strict: no
 unknown fields), and the manifests agree with the service configs they mount (deploy/compose/).
 
-Not validated: anything a cluster decides at apply time (admission, the storage class behind a claim, whether
-procMount: Unmasked is allowed, the NVIDIA device plugin's nvidia.com/gpu), and the pods' behaviour."""
+Not validated: anything a cluster decides at apply time (admission, the storage class behind a claim, whether a
+hostPath and an unconfined seccomp profile are allowed, the NVIDIA device plugin's nvidia.com/gpu), and the pods'
+behaviour."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_reward_is_not_privileged_and_gpus_go_to_trainer_and_rollout():
         assert not security.get("privileged"), name
         gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
         assert (gpus == 1) == (name in ("trainer", "rollout")), name
-    assert containers()["reward"]["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+    assert containers()["reward"]["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN", "NET_ADMIN"]
 
 
 def test_each_rollout_replica_has_its_own_worker_id():
