@@ -23,7 +23,7 @@ from compose_stack import DEPLOY, IMAGE, PROMETHEUS_IMAGE, Stack, build_images
 pytestmark = pytest.mark.skipif(os.environ.get("ZEROBUBBLE_COMPOSE") != "1",
                                 reason="the compose stack runs from `make test-compose` (ZEROBUBBLE_COMPOSE=1)")
 
-PROMPTS, GENERATIONS = 64, 4
+PROMPTS, GENERATIONS = 128, 4
 GROUPS_PER_STEP = yaml.safe_load((DEPLOY / "compose" / "cpu" / "trainer.yaml").read_text())["batch"]["groups_per_step"]
 MOST_STEPS = PROMPTS // GROUPS_PER_STEP  # fewer where groups are dropped as stale
 SERVICES = ("reward", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus")
@@ -81,11 +81,13 @@ def test_the_stack_trains_to_the_end_through_restarts_and_leaves_nothing(stack):
     stack("up", "-d", *SERVICES, timeout=900)
 
     def steps() -> int:
-        rows = stack.metrics_rows()
-        return rows[-1]["step"] if rows else 0
+        """The trainer's newest step, read inside it while it runs (a one-off container takes seconds)."""
+        text = stack("exec", "-T", "trainer", "sh", "-c", "tail -n 1 /runs/trainer/metrics.jsonl 2>/dev/null",
+                     timeout=60, check=False).stdout
+        return json.loads(text)["step"] if text.startswith("{") else 0
 
     wait_for(lambda: steps() >= 2, 600, "two training steps", stack)
-    for service in ("rollout-1", "buffer"):
+    for service in ("buffer", "rollout-1"):
         step = steps()
         assert stack.state("trainer")[0] == "running" and step < MOST_STEPS - 4, \
             f"the run was nearly over (step {step} of at most {MOST_STEPS}) before {service} was restarted"
