@@ -130,3 +130,15 @@ test-trl:
 	else \
 		echo "test-trl: SKIPPED: $(TRL_VENV) could not be built (trl==1.16.0, see deploy/trl/)"; \
 	fi
+
+# `docker compose up` of deploy/ on CPU for real (tests/compose): a Docker engine is started (installed when root
+# with apt) where none runs; where none can be had, says why and passes. Base images and pip downloads are cached
+# in /var/cache/zerobubble and Docker's build cache, so a second run takes minutes.
+.PHONY: test-compose
+
+test-compose: install
+	@if reason=$$(tests/compose/docker-engine.sh 2>&1); then \
+		ZEROBUBBLE_COMPOSE=1 $(VENV)/bin/pytest -q -s tests/compose; \
+	else \
+		echo "test-compose: SKIPPED: no Docker engine: $$reason"; \
+	fi

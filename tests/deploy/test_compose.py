@@ -1,13 +1,15 @@
-"""deploy/docker-compose.yml: valid for docker-compose, with every service, GPUs, health checks and volumes; the
-bearer token as a docker secret, ports published on this host's loopback only, and no anonymous Grafana.
+"""deploy/docker-compose.yml and its override files (GPUs, one GPU, CPU): valid for docker-compose, with every
+service, health checks and volumes; the bearer token as a docker secret, ports published on this host's loopback
+only, no anonymous Grafana, and a reward service that is not privileged.
 
-There is no Docker engine here: Debian's `docker-compose` validates the file without one
-(CI installs it with `apt-get install -y --no-install-recommends docker-compose`).
+Debian's `docker-compose` validates the files without a Docker engine (CI installs it with `apt-get install -y
+--no-install-recommends docker-compose`); tests/compose runs the CPU stack on one.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from zerobubble.common.server import ServiceHost
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
+OVERRIDES = {name: COMPOSE_FILE.parent / f"compose.{name}.yml" for name in ("gpus", "gpu", "cpu")}
 SERVICES = {"reward", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus", "grafana"}
 GPU_SERVICES = {"trainer", "rollout-1", "rollout-2"}
 GRPC_PORTS = {"reward": 50052, "buffer": 50053, "rollout-1": 50054, "rollout-2": 50054, "trainer": 50055}
@@ -36,16 +39,29 @@ def compose() -> dict:
     return yaml.safe_load(COMPOSE_FILE.read_text())
 
 
-def docker_compose_config(path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Validates the file (quietly), or with `env` prints it as docker-compose resolves it in that environment."""
+@pytest.fixture(scope="module")
+def overrides() -> dict[str, dict]:
+    return {name: yaml.safe_load(path.read_text()) for name, path in OVERRIDES.items()}
+
+
+def docker_compose_config(path: Path, env: dict[str, str] | None = None, *more: Path) -> subprocess.CompletedProcess:
+    """Validates the files (quietly), or with `env` prints them as docker-compose resolves them in that environment."""
     quiet = ["-q"] if env is None else []
-    return subprocess.run(["docker-compose", "-f", str(path), "config", *quiet], cwd=REPO, capture_output=True,
+    files = [arg for p in (path, *more) for arg in ("-f", str(p))]
+    return subprocess.run(["docker-compose", *files, "config", *quiet], cwd=REPO, capture_output=True,
                           text=True, timeout=60, env=env)
 
 
 @needs_docker_compose
 def test_docker_compose_accepts_the_file():
     result = docker_compose_config(COMPOSE_FILE)
+    assert result.returncode == 0, result.stderr
+
+
+@needs_docker_compose
+@pytest.mark.parametrize("node", sorted(OVERRIDES))
+def test_docker_compose_accepts_the_file_with_each_override(node):
+    result = docker_compose_config(COMPOSE_FILE, None, OVERRIDES[node])
     assert result.returncode == 0, result.stderr
 
 
@@ -78,18 +94,55 @@ def test_one_image_for_every_zerobubble_service(compose):
         assert (COMPOSE_FILE.parent / source).is_file(), f"{name}: {source} does not exist"
 
 
-def test_gpu_reservations_for_trainer_and_rollout(compose):
-    for name, service in compose["services"].items():
-        devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
-        if name in GPU_SERVICES:
-            assert len(devices) == 1, name
-            assert devices[0]["driver"] == "nvidia"
-            assert devices[0]["capabilities"] == ["gpu"]
-        else:
-            assert not devices, f"{name} should not hold a GPU"
-    gpus = [compose["services"][name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0]
-            for name in sorted(GPU_SERVICES)]
+def gpu_devices(service: dict) -> list[dict]:
+    return service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+
+
+def test_the_shared_file_holds_no_gpu_and_the_cpu_override_adds_none(compose, overrides):
+    """GPUs come only from an override: compose merges reservations and cannot take one away."""
+    for name, service in [*compose["services"].items(), *overrides["cpu"]["services"].items()]:
+        assert not gpu_devices(service), name
+
+
+def test_gpu_reservations_for_trainer_and_rollout(overrides):
+    for node in ("gpus", "gpu"):
+        for name in GPU_SERVICES:
+            (device,) = gpu_devices(overrides[node]["services"][name])
+            assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"], (node, name)
+    gpus = [gpu_devices(overrides["gpus"]["services"][name])[0]["device_ids"][0] for name in sorted(GPU_SERVICES)]
     assert len(set(gpus)) == len(gpus), "each GPU service gets its own GPU by default"
+    assert all(re.fullmatch(r"\$\{[A-Z0-9_]+_GPU:-\d\}", gpu) for gpu in gpus), "GPU ids come from the environment"
+
+
+def test_one_gpu_shares_gpu_0_and_syncs_weights_through_host_memory(overrides):
+    services = overrides["gpu"]["services"]
+    ids = {gpu_devices(services[name])[0]["device_ids"][0] for name in ("trainer", "rollout-1")}
+    assert ids == {"${ZB_GPU:-0}"}
+    assert services["rollout-2"]["profiles"], "the second worker is opt-in on one GPU"
+    command = services["trainer"]["command"]
+    assert command[command.index("--set") + 1] == "weight_sync.device=cpu", "NCCL refuses two members on one GPU"
+
+
+def test_cpu_override_makes_its_assets_first_and_mounts_existing_cpu_configs(overrides):
+    services = overrides["cpu"]["services"]
+    for name in GRPC_PORTS:
+        assert services[name]["image"] == "${ZB_IMAGE:-zerobubble:cpu}"
+        for mount in services[name].get("volumes", []):
+            source = mount.split(":")[0]
+            if source.startswith("./"):
+                assert (COMPOSE_FILE.parent / source).is_file(), f"{name}: {source} does not exist"
+                assert "/cpu/" in source, f"{name} reads a GPU config on CPU"
+    for name in ("buffer", "trainer"):
+        assert services[name]["depends_on"]["assets"]["condition"] == "service_completed_successfully"
+
+
+def test_reward_service_is_not_privileged_and_has_only_the_capability_bubblewrap_needs(compose):
+    reward = compose["services"]["reward"]
+    assert "privileged" not in reward
+    assert reward["cap_add"] == ["SYS_ADMIN", "NET_ADMIN"]
+    for name, service in compose["services"].items():
+        assert not service.get("privileged"), name
+        assert name == "reward" or "cap_add" not in service, name
 
 
 def test_every_service_has_a_health_check(compose):

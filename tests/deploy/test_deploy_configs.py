@@ -20,7 +20,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SCHEMAS = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "rollout": RolloutServiceConfig,
            "trainer": TrainerServiceConfig}
 HOST_FILES = sorted((DEPLOY / "hosts").glob("*.yaml"))
-COMPOSE_FILES = sorted((DEPLOY / "compose").glob("*.yaml"))
+COMPOSE_FILES = sorted([*(DEPLOY / "compose").glob("*.yaml"), *(DEPLOY / "compose" / "cpu").glob("*.yaml")])
 CONFIG_FILES = [*HOST_FILES, *COMPOSE_FILES]
 WILDCARDS = ("0.0.0.0", "::", "[::]")
 

@@ -19,10 +19,12 @@ def instructions(keyword: str) -> list[str]:
 
 def test_cpu_by_default_cuda_by_build_argument():
     stages = instructions("FROM")
-    assert "python:3.11-slim AS base-cpu" in stages
+    assert "${PYTHON_IMAGE} AS base-cpu" in stages
     assert "${CUDA_IMAGE} AS base-cuda" in stages
     assert stages[-1] == "base-${BASE}"
     assert "BASE=cpu" in instructions("ARG")
+    assert "PYTHON_IMAGE=python:3.11-slim" in instructions("ARG"), "users get the real base by default"
+    assert "VLLM=1" in instructions("ARG"), "users get the vLLM engine by default"
     assert any(arg.startswith("CUDA_IMAGE=nvidia/cuda:") for arg in instructions("ARG"))
     assert instructions("ENTRYPOINT") == ['["zerobubble"]']
 

@@ -1,0 +1,75 @@
+"""deploy/k8s: every manifest is valid against the Kubernetes schemas (kubernetes-validate, offline, strict: no
+unknown fields), and the manifests agree with the service configs they mount (deploy/compose/).
+
+Not validated: anything a cluster decides at apply time (admission, the storage class behind a claim, whether a
+hostPath and an unconfined seccomp profile are allowed, the NVIDIA device plugin's nvidia.com/gpu), and the pods'
+behaviour."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+MANIFESTS = sorted((DEPLOY / "k8s").glob("*.yaml"))
+K8S_VERSION = "1.33.0"
+
+
+def documents() -> list[dict]:
+    return [doc for path in MANIFESTS for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_manifest_is_valid_against_the_kubernetes_schemas(path):
+    for doc in yaml.safe_load_all(path.read_text()):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_validation_means_something():
+    (deployment,) = [d for d in documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "reward"]
+    deployment["spec"]["replicas"] = "one"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+    deployment["spec"]["replicas"] = 1
+    deployment["spec"]["template"]["spec"]["containers"][0]["gpus"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+def containers() -> dict[str, dict]:
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
+            for d in documents() if d["kind"] in ("Deployment", "StatefulSet")}
+
+
+def test_every_service_runs_and_the_addresses_its_configs_call_are_services():
+    assert set(containers()) == {"reward", "buffer", "trainer", "rollout"}
+    services = {d["metadata"]["name"]: {p["port"] for p in d["spec"]["ports"]}
+                for d in documents() if d["kind"] == "Service"}
+    for name, container in containers().items():
+        config = yaml.safe_load((DEPLOY / "compose" / f"{name if name != 'rollout' else 'rollout-2'}.yaml").read_text())
+        for client in ("buffer", "reward_service", "trainer"):
+            if isinstance(config.get(client), dict):
+                host, port = config[client]["address"].rsplit(":", 1)
+                assert int(port) in services[host], f"{name} calls {host}:{port}, which no Service serves"
+        ports = {p["containerPort"] for p in container["ports"]}
+        assert int(config["server"]["listen"].rsplit(":", 1)[1]) in ports, name
+        assert config["server"]["metrics_port"] in ports, name
+        assert config["server"]["auth_token_file"].startswith("/run/secrets/"), name
+
+
+def test_reward_is_not_privileged_and_gpus_go_to_trainer_and_rollout():
+    for name, container in containers().items():
+        security = container.get("securityContext", {})
+        assert not security.get("privileged"), name
+        gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+        assert (gpus == 1) == (name in ("trainer", "rollout")), name
+    assert containers()["reward"]["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN", "NET_ADMIN"]
+
+
+def test_each_rollout_replica_has_its_own_worker_id():
+    rollout = containers()["rollout"]
+    assert "worker_id=$(POD_NAME)" in rollout["args"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in rollout["env"]
