@@ -17,6 +17,7 @@ from pathlib import Path
 from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.launcher.config import validated, write_yaml
 from zerobubble.launcher.processes import ServiceProcess
+from zerobubble.launcher.ready import READY_FILE
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.trainer.config import TrainerServiceConfig
@@ -94,14 +95,14 @@ class NamespacedService(ServiceProcess):
 
     def start(self, timeout: float) -> NamespacedService:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
+        self.ready_path.unlink(missing_ok=True)
         command = ["ip", "netns", "exec", self.netns, sys.executable, "-m", "zerobubble.cli", "serve",
                    self.service, "--config", str(self.config_path)]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                                        env=service_env())
-        ready = self._read_ready_line(timeout)
-        self.address, self.metrics_port = ready["address"], ready["metrics_port"]
-        threading.Thread(target=self._drain, args=(log,), daemon=True).start()
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env={**service_env(), READY_FILE: str(self.ready_path)})
+        ready = self._wait_ready(timeout)
+        self.address, self.metrics_port = ready["address"], ready.get("metrics_port")
         self.wait_healthy(timeout)
         return self
 
