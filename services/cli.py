@@ -81,7 +81,7 @@ def cmd_bench(args) -> int:
 
 
 def _bench_transport(args) -> dict:
-    from zerobubble.buffer.bench import bench_transport
+    from zerobubble.bench.transport import bench_transport
 
     return bench_transport(scale=args.scale, fsync=args.fsync, workdir=args.workdir, commit_every=args.commit_every)
 
@@ -97,15 +97,15 @@ COMMANDS = {
     "plot": ("zerobubble.runs.plot", "draw a run's training curves (and evaluations) into one PNG"),
 }
 BENCHES = {
-    "reward": ("zerobubble.reward.bench", "math scores/s with 1 and N workers; sandboxed programs/s"),
-    "weights": ("zerobubble.trainer.bench_weights", "bucketed vs per-tensor vs flat weight broadcast"),
-    "rollout": ("zerobubble.rollout.bench", "engine tokens/s vs a rollout worker's end to end"),
-    "pipeline": ("zerobubble.launcher.bench_pipeline", "the demo pipeline on-policy vs asynchronous"),
-    "gpu-train": ("zerobubble.launcher.bench_gpu", "trainer step on a Qwen2-0.5B-shaped model vs the GPU's peak"),
-    "gpu-generate": ("zerobubble.launcher.bench_gpu", "transformers engine tokens/s on a Qwen2-0.5B-shaped model"),
-    "gpu-sync": ("zerobubble.launcher.bench_gpu", "weight sync trainer -> rollout on one GPU"),
-    "fuzz": ("zerobubble.fuzz.bench", "soak every RPC of every service with generated messages and wire abuse"),
-    "data": ("zerobubble.launcher.bench_data", "a large prompt set's load: rows/s and peak memory per format"),
+    "reward": ("zerobubble.bench.reward", "math scores/s with 1 and N workers; sandboxed programs/s"),
+    "weights": ("zerobubble.bench.weights", "bucketed vs per-tensor vs flat weight broadcast"),
+    "rollout": ("zerobubble.bench.rollout", "engine tokens/s vs a rollout worker's end to end"),
+    "pipeline": ("zerobubble.bench.pipeline", "the demo pipeline on-policy vs asynchronous"),
+    "gpu-train": ("zerobubble.bench.gpu", "trainer step on a Qwen2-0.5B-shaped model vs the GPU's peak"),
+    "gpu-generate": ("zerobubble.bench.gpu", "transformers engine tokens/s on a Qwen2-0.5B-shaped model"),
+    "gpu-sync": ("zerobubble.bench.gpu", "weight sync trainer -> rollout on one GPU"),
+    "fuzz": ("zerobubble.bench.fuzz", "soak every RPC of every service with generated messages and wire abuse"),
+    "data": ("zerobubble.bench.data", "a large prompt set's load: rows/s and peak memory per format"),
 }
 
 # What the train extra brings: a command that needs one of these on a light install says which extra to add.

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from zerobubble.buffer.allocator import keep_large_buffers_in_heap
 from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.buffer.core import Buffer
 from zerobubble.buffer.metrics import BufferMetrics
 from zerobubble.buffer.servicer import SERVICE, BufferServicer, register
+from zerobubble.common.allocator import keep_large_buffers_in_heap
 from zerobubble.common.server import ServiceHost
 
 CONFIG_SCHEMA = BufferServiceConfig

@@ -1,20 +1,8 @@
-"""Dynamic sampling (DAPO's filter_range on a group's mean answer accuracy), a group's version, and the fixed set
-of reasons a group is not stored."""
+"""Dynamic sampling (DAPO's filter_range on a group's mean answer accuracy) and a group's version."""
 
 from __future__ import annotations
 
-from zerobubble.v1 import buffer_pb2, common_pb2
-
-# Metric labels must come from a fixed set (a label per prompt would make a time series per prompt), so the
-# words of PushAck.filtered, which name the prompt, never become one.
-NOT_STORED_LABELS = {
-    value: name.removeprefix("NOT_STORED_").lower() for name, value in buffer_pb2.NotStored.items() if value
-}
-
-
-def not_stored_label(reason: int) -> str:
-    """The metric label of a NotStored reason; "other" for one this version does not know."""
-    return NOT_STORED_LABELS.get(reason, "other")
+from zerobubble.v1 import common_pb2
 
 
 def mean_accuracy(group: common_pb2.ExperienceGroup) -> float:

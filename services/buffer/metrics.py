@@ -7,7 +7,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from zerobubble.buffer.core import Buffer
-from zerobubble.buffer.filters import NOT_STORED_LABELS
+from zerobubble.common.not_stored import NOT_STORED_LABELS
 
 PREFIX = "zerobubble_buffer"
 GAUGES = {

@@ -20,11 +20,11 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
 from zerobubble.buffer.core import Buffer, PreparedGroup, Pulled, PushOutcome
-from zerobubble.buffer.filters import not_stored_label
 from zerobubble.buffer.metrics import BufferMetrics
 from zerobubble.buffer.read_ahead import read_ahead
 from zerobubble.common.codec import varint
 from zerobubble.common.errors import InvalidInput, ServiceError
+from zerobubble.common.not_stored import not_stored_label
 from zerobubble.common.status import status_of, translate_errors
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 

@@ -11,33 +11,13 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from zerobubble.common.config import ConfigError, Schema
+from zerobubble.common.presets import PRESETS, PresetName
 from zerobubble.common.routing import VerifierRouting
-
-PresetName = Literal["GRPO", "DAPO", "RLOO", "REINFORCE_PPB", "DR_GRPO", "GSPO"]
-
-
-class PresetRunDefaults(NamedTuple):
-    """What an algorithm preset asks of the whole run, beyond the trainer's loss."""
-
-    filter_range: tuple[float, float] | None = None
-    temperature_annealing: bool = False
-
-
-# The reference's producer anneals under every algorithm it ships; DAPO adds dynamic sampling.
-PRESET_RUN_DEFAULTS: Mapping[str, PresetRunDefaults] = MappingProxyType({
-    "GRPO": PresetRunDefaults(temperature_annealing=True),
-    "DAPO": PresetRunDefaults(filter_range=(0.01, 0.99), temperature_annealing=True),
-    "RLOO": PresetRunDefaults(temperature_annealing=True),
-    "REINFORCE_PPB": PresetRunDefaults(temperature_annealing=True),
-    "DR_GRPO": PresetRunDefaults(),
-    "GSPO": PresetRunDefaults(),
-})
 
 
 class RunSpecMismatch(ConfigError):
@@ -93,7 +73,7 @@ class RunSpec(VerifierRouting):
         if not isinstance(data, dict):
             return data
         preset = str(data.get("algorithm", "GRPO")).upper()
-        defaults = PRESET_RUN_DEFAULTS.get(preset)
+        defaults = PRESETS[preset].run if preset in PRESETS else None
         if defaults is None:
             return data   # the Literal refuses it, naming the field
         data = {**data, "algorithm": preset}

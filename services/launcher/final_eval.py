@@ -8,9 +8,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from zerobubble.buffer.config import BufferServiceConfig
+from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.config import ClientConfig, load_config
 from zerobubble.common.data import DataSpec
-from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engines import make_engine
 from zerobubble.rollout.evaluation import Evaluator

@@ -9,7 +9,7 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from zerobubble.reward.client import score_request
+from zerobubble.common.clients.reward import score_request
 from zerobubble.reward.local import reward_client
 
 _FIELDS = ("reward", "format_ok", "answer_ok", "extracted_answer", "reason")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zerobubble.reward.client import score_request
+from zerobubble.common.clients.reward import score_request
 
 SQUARES = {"inputs": ["3\n", "12\n"], "outputs": ["9\n", "144\n"]}
 _PROGRAM = "```python\nn = int(input())\nprint({expr})\n```"

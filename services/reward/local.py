@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.config import ClientConfig, load_config
 from zerobubble.reward.app import build
-from zerobubble.reward.client import RewardClient
 from zerobubble.reward.config import RewardServiceConfig
 
 

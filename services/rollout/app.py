@@ -7,9 +7,9 @@ import threading
 
 import torch
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
+from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.server import ServiceHost
-from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engines import make_engine
 from zerobubble.rollout.evaluation import Evaluator
@@ -51,8 +51,8 @@ class RolloutHost(ServiceHost):
         self.reward = RewardClient(config.reward_service, retries=False)
         self.receiver = None
         if config.trainer is not None:
+            from zerobubble.common.clients.trainer import TrainerClient
             from zerobubble.rollout.weight_receiver import WeightReceiver
-            from zerobubble.trainer.client import TrainerClient
 
             self.receiver = WeightReceiver(TrainerClient(config.trainer), config.worker_id,
                                            device=device,

@@ -9,8 +9,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.data import load_data
-from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import EvalConfig
 from zerobubble.rollout.engine import Engine, SamplingSettings
 from zerobubble.rollout.experience import score_requests

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from zerobubble.common.clients.reward import score_request
 from zerobubble.common.codec import encode_array
-from zerobubble.reward.client import score_request
 from zerobubble.rollout.engine import Sample
 from zerobubble.v1 import common_pb2, reward_pb2
 

@@ -21,6 +21,7 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from torch.distributed import TCPStore
 
+from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.weight_sync import (
     ACK_FAILED,
     ACK_OK,
@@ -36,7 +37,6 @@ from zerobubble.common.weight_sync import (
     start_broadcast,
     wait_broadcast,
 )
-from zerobubble.trainer.client import TrainerClient
 from zerobubble.v1 import trainer_pb2
 
 log = logging.getLogger(__name__)

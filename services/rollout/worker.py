@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from zerobubble.buffer.client import BufferClient
-from zerobubble.buffer.filters import not_stored_label
+from zerobubble.common.clients.buffer import BufferClient
+from zerobubble.common.clients.reward import RewardClient
+from zerobubble.common.not_stored import not_stored_label
 from zerobubble.common.persistence import Stopped, until_done
 from zerobubble.common.run_spec import RunSpec
 from zerobubble.common.version import oldest_fresh_version
-from zerobubble.reward.client import RewardClient
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
 from zerobubble.rollout.experience import experience_group, score_requests

@@ -15,7 +15,7 @@ import grpc
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.errors import InvalidInput, Unavailable
 from zerobubble.common.server import ServiceHost
 from zerobubble.trainer.broadcaster import WeightBroadcaster

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from zerobubble.buffer.client import BufferClient, PullResult
+from zerobubble.common.clients.buffer import BufferClient, PullResult
 from zerobubble.common.errors import Unavailable
 from zerobubble.common.persistence import Stopped, until_done
 from zerobubble.common.version import next_version, staleness

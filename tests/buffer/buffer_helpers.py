@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from zerobubble.buffer.client import BufferClient
 from zerobubble.buffer.config import BufferServiceConfig
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import ClientConfig, load_config
 from zerobubble.v1 import common_pb2

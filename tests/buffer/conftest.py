@@ -8,7 +8,7 @@ import pytest
 from buffer_helpers import FakeClock, make_config
 
 from zerobubble.buffer.app import build
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from zerobubble.buffer.bench import CASES, bench_transport
+from zerobubble.bench.transport import CASES, bench_transport
 
 
 def test_bench_transport_reports_every_case(tmp_path):

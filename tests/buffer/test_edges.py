@@ -17,7 +17,7 @@ from buffer_helpers import BufferProcess, CuttableProxy, make_group, prompt_key
 from idle_streams import health_check_seconds, idle_streams
 from small_disk import fill, small_disk
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import ClientConfig
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from buffer_helpers import PYTHON, make_group, prompt_key, prompts_of
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
@@ -149,7 +149,7 @@ DOOMED_WORKER = """
 import sys, time
 sys.path.insert(0, {here!r})
 from buffer_helpers import make_group
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 client = BufferClient({address!r})
 reply = client.lease("doomed", 3)
 list(client.push([make_group(reply.prompts[0], "doomed", 0)]))

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from stack import start_buffer
 
-from zerobubble.buffer.client import BufferClient
 from zerobubble.buffer.config import PromptsConfig
 from zerobubble.buffer.prompts import PromptSource
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.data import DataError, DataSpec, load_data
 from zerobubble.rollout.config import EvalConfig
 

@@ -35,7 +35,7 @@ BUFFER_STATS = ("import json; from zerobubble.buffer.config import BufferService
                 "b = Buffer(load_config(BufferServiceConfig, '/etc/zerobubble/buffer.yaml')); "
                 "print(json.dumps(b.stats())); b.close()")
 CODE_SCORE = ("import json, sys; from zerobubble.common.config import ClientConfig; "
-              "from zerobubble.reward.client import RewardClient; "
+              "from zerobubble.common.clients.reward import RewardClient; "
               "c = RewardClient(ClientConfig(address='127.0.0.1:50052', "
               "auth_token_file='/run/secrets/zerobubble_token', timeout_seconds=60)); "
               "tests = {'inputs': ['2 3\\n'], 'outputs': ['5\\n']}; "

@@ -25,7 +25,7 @@ from e2e_helpers import (
 from e2e_netns import NetworkNamespaces, namespaces_unavailable
 from stack import tiny_assets
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
 
 PROMPTS = 32

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from zerobubble.launcher.bench_pipeline import register_bench
+from zerobubble.bench.pipeline import register_bench
 
 PROMPTS = 12
 GROUPS_PER_STEP = 2

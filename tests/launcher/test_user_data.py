@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from zerobubble.launcher.bench_data import bench_data
+from zerobubble.bench.data import bench_data
 from zerobubble.launcher.config import UpConfig
 from zerobubble.launcher.run import Run
 from zerobubble.rollout.config import EvalConfig

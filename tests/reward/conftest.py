@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from reward_helpers import start_reward
 
+from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.config import ClientConfig
-from zerobubble.reward.client import RewardClient
 
 
 @pytest.fixture(scope="session")

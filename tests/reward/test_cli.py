@@ -7,8 +7,8 @@ import subprocess
 import sys
 import threading
 
+from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.config import ClientConfig
-from zerobubble.reward.client import RewardClient
 
 ZB = [sys.executable, "-m", "zerobubble.cli"]
 SMALL = ["--set", "math.workers=1", "--set", "sandbox.slots=1"]

@@ -15,8 +15,8 @@ import grpc
 import pytest
 from reward_helpers import start_reward
 
+from zerobubble.common.clients.reward import RewardClient, score_request
 from zerobubble.common.config import ClientConfig, ConfigError, load_config
-from zerobubble.reward.client import RewardClient, score_request
 from zerobubble.reward.config import RewardServiceConfig
 
 VERIFIERS = textwrap.dedent('''

@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from http_helpers import serve_reward
 
+from zerobubble.common.clients.reward import RewardClient, score_request
 from zerobubble.common.config import ClientConfig, TLSConfig
-from zerobubble.reward.client import RewardClient, score_request
 
 TOKEN = "http-test-token"
 PROMPT = "<|im_start|>system\nPut your final answer within \\boxed{}.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n"

@@ -6,7 +6,7 @@ from fractions import Fraction
 import pytest
 from reward_helpers import start_reward
 
-from zerobubble.reward.client import RewardClient, score_request
+from zerobubble.common.clients.reward import RewardClient, score_request
 
 
 @pytest.fixture(scope="module")

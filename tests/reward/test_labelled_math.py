@@ -7,7 +7,7 @@ Every disagreement is listed in build/reports/math_cases.md.
 import json
 from pathlib import Path
 
-from zerobubble.reward.client import score_request
+from zerobubble.common.clients.reward import score_request
 
 REPORT = Path(__file__).resolve().parents[2] / "build" / "reports" / "math_cases.md"
 # Measured agreement is about 0.95 for both verifiers (see the report); the remaining cases are

@@ -5,8 +5,8 @@ import grpc
 import pytest
 from reward_helpers import start_reward
 
+from zerobubble.common.clients.reward import RewardClient, score_request
 from zerobubble.common.config import ClientConfig
-from zerobubble.reward.client import RewardClient, score_request
 
 LIMIT = 1000
 EMOJI = "\U0001F600"   # one character, four UTF-8 bytes: a limit in characters lets four times the bytes through

@@ -14,8 +14,8 @@ import torch
 from reward_helpers import start_reward
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen2ForSequenceClassification
 
+from zerobubble.common.clients.reward import RewardClient, score_request
 from zerobubble.common.config import ClientConfig, ConfigError, load_config
-from zerobubble.reward.client import RewardClient, score_request
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.tiny.model import make_tokenizer, tiny_config
 

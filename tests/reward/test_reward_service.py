@@ -13,8 +13,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from idle_streams import health_check_seconds, idle_streams
 from reward_helpers import start_reward
 
+from zerobubble.common.clients.reward import RewardClient, score_request
 from zerobubble.common.config import ClientConfig
-from zerobubble.reward.client import RewardClient, score_request
 from zerobubble.reward.examples import EXAMPLES
 from zerobubble.v1 import reward_pb2
 

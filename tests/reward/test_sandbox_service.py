@@ -24,8 +24,8 @@ from sandbox_leaks import (
     sysv_read_program,
 )
 
+from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.config import ClientConfig
-from zerobubble.reward.client import RewardClient
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
                                 reason="the code sandbox needs root and bubblewrap")

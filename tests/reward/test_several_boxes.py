@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from math_verify import parse, verify
 
-from zerobubble.reward.client import score_request
+from zerobubble.common.clients.reward import score_request
 from zerobubble.reward.extraction import extract_boxed, final_boxes
 
 CASES_FILE = Path(__file__).parent / "math_verify_boxed_cases.jsonl"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from zerobubble.rollout.bench import register_bench
+from zerobubble.bench.rollout import register_bench
 from zerobubble.rollout.engines import vllm_available
 
 PROMPTS = 4

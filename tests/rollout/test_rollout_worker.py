@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from stack import start_buffer, start_reward, tiny_assets
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.codec import decode_array
 from zerobubble.common.config import load_config
 from zerobubble.common.run_spec import RunSpecMismatch, model_identity

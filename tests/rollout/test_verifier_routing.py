@@ -12,7 +12,7 @@ import pytest
 from stack import start_buffer, start_reward, tiny_assets
 from test_rollout_worker import rollout_config, wait_for
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.codec import decode_array
 from zerobubble.rollout.app import build
 from zerobubble.rollout.prompting import SYSTEM_PROMPTS

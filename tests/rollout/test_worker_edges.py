@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from small_disk import fill, small_disk
 from stack import start_buffer, start_reward, tiny_assets
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.config import load_config
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig

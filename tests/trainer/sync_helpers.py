@@ -174,8 +174,8 @@ class WorkerProcess:
 
 
 def _worker_main() -> None:
+    from zerobubble.common.clients.trainer import TrainerClient
     from zerobubble.rollout.weight_receiver import WeightReceiver
-    from zerobubble.trainer.client import TrainerClient
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--address", required=True)

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from zerobubble.trainer.bench_weights import _Step, register_bench
+from zerobubble.bench.weights import _Step, register_bench
 
 ROUNDS, STEPS = 2, 2
 

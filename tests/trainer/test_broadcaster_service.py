@@ -11,7 +11,7 @@ import pytest
 import torch
 from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
 
-from zerobubble.trainer.client import TrainerClient
+from zerobubble.common.clients.trainer import TrainerClient
 
 TIMEOUT_S = 3.0
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from stack import start_buffer, tiny_assets
 from strategy_helpers import run_ranks
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.launcher.data_parallel import agent_command
@@ -198,7 +198,7 @@ def checkpoint_rank(rank: int, config: TrainerServiceConfig, delivered: list[int
     """One rank of a trainer that has trained up to delivery `delivered[rank]` takes a checkpoint."""
     from prometheus_client import CollectorRegistry
 
-    from zerobubble.buffer.client import BufferClient
+    from zerobubble.common.clients.buffer import BufferClient
     from zerobubble.trainer.loop import TrainingLoop
     from zerobubble.trainer.metrics import TrainerMetrics
     from zerobubble.trainer.strategies import make_strategy

@@ -11,6 +11,7 @@ import torch
 from strategy_helpers import make_tiny_model, strategy_config, summed_nll, token_batch
 from sync_helpers import trainer_service
 
+from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.config import load_config
 from zerobubble.common.lora_adapter import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LORA_SCALING
 from zerobubble.common.weight_sync import Manifest
@@ -18,7 +19,6 @@ from zerobubble.rollout.engine import WeightLoadError
 from zerobubble.rollout.engine_transformers import TransformersEngine
 from zerobubble.rollout.weight_receiver import WeightReceiver
 from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
-from zerobubble.trainer.client import TrainerClient
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.trainer.lora import adapter_weights
 from zerobubble.trainer.lora_config import LoraConfig

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import get_args
 
 import pytest
+from pydantic import ValidationError
 
 from zerobubble.common.config import ConfigError
-from zerobubble.common.run_spec import PRESET_RUN_DEFAULTS, PresetName, RunSpec
+from zerobubble.common.presets import PresetName
+from zerobubble.common.run_spec import RunSpec
 from zerobubble.trainer.algorithms import PRESETS, AlgorithmConfig, algorithm_config
 
 
@@ -26,8 +28,10 @@ def test_reference_presets_carry_colossal_rl_values():
     assert all(RunSpec(algorithm=name).sampling.temperature_annealing for name in ("GRPO", "DAPO", "RLOO",
                                                                                   "REINFORCE_PPB"))
     assert not any(RunSpec(algorithm=name).sampling.temperature_annealing for name in ("DR_GRPO", "GSPO"))
-    # One list of names: the trainer's presets, the spec's run defaults and its field's type.
-    assert set(PRESETS) == set(PRESET_RUN_DEFAULTS) == set(get_args(PresetName))
+    # One list of names: the trainer's presets and the run spec's field type.
+    assert set(PRESETS) == set(get_args(PresetName))
+    with pytest.raises(ValidationError, match="algorithm"):
+        RunSpec.model_validate({"algorithm": "PPO"})
 
 
 def test_a_preset_and_its_overrides_are_one_typed_section():
@@ -51,7 +55,7 @@ def test_every_preset_is_a_valid_config_and_presets_cannot_be_mutated():
     for name in PRESETS:
         assert isinstance(algorithm_config(name), AlgorithmConfig)
     with pytest.raises(TypeError):
-        PRESETS["GRPO"]["beta"] = 1.0  # type: ignore[index]
+        PRESETS["GRPO"].loss["beta"] = 1.0  # type: ignore[index]
     changed = algorithm_config("grpo", beta=0.0, off_policy="truncated_is", behaviour_weight_cap=2.0)
     assert (changed.beta, changed.off_policy, changed.behaviour_weight_cap) == (0.0, "truncated_is", 2.0)
     assert algorithm_config("GRPO").beta == 0.01

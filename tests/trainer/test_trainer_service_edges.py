@@ -13,12 +13,12 @@ import pytest
 from stack import start_buffer, tiny_assets
 from sync_helpers import trainer_service
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
+from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import load_config
 from zerobubble.common.run_spec import RunSpecMismatch
 from zerobubble.trainer.app import build
-from zerobubble.trainer.client import TrainerClient
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.v1 import common_pb2
 

@@ -15,8 +15,8 @@ from idle_streams import health_check_seconds, idle_streams
 from stack import start_buffer, tiny_assets
 from sync_helpers import trainer_service
 
+from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.config import ClientConfig
-from zerobubble.trainer.client import TrainerClient
 from zerobubble.v1 import trainer_pb2
 
 WATCH = "/zerobubble.v1.TrainerService/WatchWeights"

@@ -9,7 +9,7 @@ import pytest
 from stack import start_buffer, tiny_assets
 from transformers import AutoModelForCausalLM
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import load_config
 from zerobubble.trainer.app import build

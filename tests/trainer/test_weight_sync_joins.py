@@ -13,9 +13,9 @@ import pytest
 import torch
 from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
 
+from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.config import ClientConfig
 from zerobubble.rollout.weight_receiver import WeightReceiver
-from zerobubble.trainer.client import TrainerClient
 
 TOKEN = "weight-sync-test-token"
 FORMATION_S = 2.0

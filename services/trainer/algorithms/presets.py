@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from zerobubble.common.config import ConfigError, Schema
-from zerobubble.common.run_spec import PresetName
+from zerobubble.common.presets import PRESETS, PresetName
 
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 Aggregation = Literal["sample_level", "token_level", "constant"]
@@ -67,7 +65,7 @@ class AlgorithmConfig(Schema):
         if not isinstance(data, dict):
             return data
         preset = str(data.get("preset", "GRPO")).upper()
-        return {**PRESETS.get(preset, {}), **data, "preset": preset}
+        return {**(PRESETS[preset].loss if preset in PRESETS else {}), **data, "preset": preset}
 
     @model_validator(mode="after")
     def _sequence_ratio_is_per_sample(self) -> AlgorithmConfig:
@@ -75,42 +73,6 @@ class AlgorithmConfig(Schema):
         if self.ratio_level == "sequence" and self.aggregation != "sample_level":
             raise ValueError("ratio_level 'sequence' needs aggregation 'sample_level' (GSPO averages per sequence)")
         return self
-
-
-def _preset(**values: Any) -> Mapping[str, Any]:
-    return MappingProxyType(values)
-
-
-PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    # Colossal-RL defaults (grpo_consumer): eps 0.2/0.2, beta 0.01, sample_level.
-    "GRPO": _preset(
-        advantage_estimator="grpo", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
-    ),
-    # DAPO (Yu et al. 2025) as Colossal-RL runs it: clip-higher, no KL, token-level loss, overlong filtering and
-    # soft overlong punishment (its dynamic sampling is the run spec's filter_range).
-    "DAPO": _preset(
-        advantage_estimator="grpo", clip_low=0.2, clip_high=0.28, beta=0.0, aggregation="token_level",
-        overlong_filtering=True, soft_overlong_punishment=True,
-    ),
-    # RLOO (Ahmadian et al. 2024): leave-one-out baseline, otherwise the GRPO defaults.
-    "RLOO": _preset(
-        advantage_estimator="rloo", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
-    ),
-    # REINFORCE++ (Hu 2025) with the group-mean baseline, as Colossal-RL's REINFORCE_PPB.
-    "REINFORCE_PPB": _preset(
-        advantage_estimator="reinforce_pp", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
-    ),
-    # Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): no std division, no length
-    # normalisation (a constant denominator), no KL.
-    "DR_GRPO": _preset(
-        advantage_estimator="dr_grpo", clip_low=0.2, clip_high=0.2, beta=0.0, aggregation="constant",
-    ),
-    # GSPO (Zheng et al. 2025): sequence-level ratio with the paper's clipping range 3e-4/4e-4, no KL.
-    "GSPO": _preset(
-        advantage_estimator="grpo", clip_low=3e-4, clip_high=4e-4, beta=0.0, aggregation="sample_level",
-        ratio_level="sequence",
-    ),
-})
 
 
 def algorithm_config(preset: str = "GRPO", **overrides: Any) -> AlgorithmConfig:

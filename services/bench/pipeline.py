@@ -34,7 +34,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.config import load_config
 from zerobubble.launcher.assets import RunAssets, prepare_assets
 from zerobubble.launcher.commands import DEMO_CONFIG

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import grpc
 
-from zerobubble.reward.bench import _MATH
+from zerobubble.bench.reward import _MATH
 from zerobubble.v1 import reward_pb2, reward_pb2_grpc
 
 CLIENTS = (1, 64)

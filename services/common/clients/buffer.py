@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 from pydantic import ValidationError
 
-from zerobubble.buffer.allocator import keep_large_buffers_in_heap
+from zerobubble.common.allocator import keep_large_buffers_in_heap
 from zerobubble.common.client import ServiceClient
 from zerobubble.common.config import ClientConfig, ConfigError
 from zerobubble.common.run_spec import RunSpec, model_expectations, require_agreement

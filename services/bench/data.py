@@ -89,7 +89,7 @@ def load(kind: str, path: str) -> dict:
 
 def measure(kind: str, path: Path) -> dict:
     """`load` in a fresh interpreter that imports only the loader, so the peak is the load's own."""
-    done = subprocess.run([sys.executable, "-m", "zerobubble.launcher.bench_data", kind, str(path)],
+    done = subprocess.run([sys.executable, "-m", "zerobubble.bench.data", kind, str(path)],
                           capture_output=True, text=True, check=True)
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     figures["rows_per_second"] = figures["rows"] / figures["seconds"]

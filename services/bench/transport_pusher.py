@@ -1,7 +1,7 @@
 """The rollout side of `zerobubble bench transport`, in a process of its own as a rollout worker is: lease
 prompts, then (once told to on stdin) push one group per prompt on one stream and report the acks.
 
-    python -m zerobubble.buffer.bench_pusher ADDRESS TRAJECTORIES TOKENS COUNT PRODUCER
+    python -m zerobubble.bench.transport_pusher ADDRESS TRAJECTORIES TOKENS COUNT PRODUCER
 
 prints `ready` once it holds its leases, reads one line, pushes, and prints one JSON line:
 {"stored": N, "failures": [reason, ...]} (at most a few reasons).
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from zerobubble.buffer.client import BufferClient
+from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import ClientConfig
 from zerobubble.v1 import common_pb2

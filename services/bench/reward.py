@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from zerobubble.reward.client import score_request
+from zerobubble.common.clients.reward import score_request
 from zerobubble.reward.config import SandboxConfig
 from zerobubble.reward.local import reward_client
 from zerobubble.reward.sandbox import CodeSandbox
@@ -91,7 +91,7 @@ def bench_reward(items: int = 400, programs: int = 40) -> dict:
         "python": python,
         "code_vs_bare_spawn_ratio": round(code / spawn, 3),
     }
-    from zerobubble.reward.bench_http import bench_http_vs_grpc  # it reuses _MATH from here
+    from zerobubble.bench.reward_http import bench_http_vs_grpc  # it reuses _MATH from here
 
     figures.update(bench_http_vs_grpc(items))
     for name, value in figures.items():

@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from zerobubble.buffer.bench_pusher import MIB, client_for, groups, template
-from zerobubble.buffer.client import BufferClient
+from zerobubble.bench.transport_pusher import MIB, client_for, groups, template
+from zerobubble.common.clients.buffer import BufferClient
 
 # (name, trajectories, tokens per trajectory, groups at scale 1). 57,344 tokens of int32 ids and float32
 # log-probs, times 8, is the 3.5 MiB item the reference's Ray buffer moved at about 44 per second.
@@ -108,7 +108,7 @@ def _stream_through(address: str, shape: tuple[int, int], count: int, commit_eve
     at a time; and the commits made."""
     with open(errors, "w") as stderr:
         pusher = subprocess.Popen(
-            [sys.executable, "-m", "zerobubble.buffer.bench_pusher", address, *map(str, shape), str(count),
+            [sys.executable, "-m", "zerobubble.bench.transport_pusher", address, *map(str, shape), str(count),
              "bench-stream"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
         )

@@ -146,9 +146,9 @@ def _measure_size(size: str, dtype: torch.dtype, bucket_mb: float, repeats: int)
 def _receiver_child(address: str, size: str, dtype_name: str, threads: int) -> None:
     """A rollout worker's side: a WeightReceiver loading every version it gets into a transformers model,
     until its standard input closes. `size` may be a model folder: then the real transformers engine over it."""
+    from zerobubble.common.clients.trainer import TrainerClient
     from zerobubble.rollout.engine_transformers import TransformersEngine
     from zerobubble.rollout.weight_receiver import WeightReceiver
-    from zerobubble.trainer.client import TrainerClient
 
     torch.set_num_threads(threads)
     if size in SIZES:

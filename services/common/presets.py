@@ -1,0 +1,65 @@
+"""The named algorithms, each once: what its loss sets (the trainer's `AlgorithmConfig` fields) and what it asks of
+the whole run (the run spec's). Torch-free, so the run spec, the launcher and the trainer's schema share it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
+
+
+class PresetRunDefaults(NamedTuple):
+    """What an algorithm preset asks of the whole run, beyond the trainer's loss."""
+
+    filter_range: tuple[float, float] | None = None
+    temperature_annealing: bool = False
+
+
+class Preset(NamedTuple):
+    loss: Mapping[str, Any]
+    run: PresetRunDefaults
+
+
+def _preset(run: PresetRunDefaults, **loss: Any) -> Preset:
+    return Preset(MappingProxyType(loss), run)
+
+
+# The reference's producer anneals the temperature under every algorithm it ships.
+_ANNEALED = PresetRunDefaults(temperature_annealing=True)
+
+PRESETS: Mapping[str, Preset] = MappingProxyType({
+    # Colossal-RL defaults (grpo_consumer): eps 0.2/0.2, beta 0.01, sample_level.
+    "GRPO": _preset(
+        _ANNEALED, advantage_estimator="grpo", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
+    ),
+    # DAPO (Yu et al. 2025) as Colossal-RL runs it: clip-higher, no KL, token-level loss, overlong filtering and
+    # soft overlong punishment, and dynamic sampling (the run's filter_range).
+    "DAPO": _preset(
+        PresetRunDefaults(filter_range=(0.01, 0.99), temperature_annealing=True),
+        advantage_estimator="grpo", clip_low=0.2, clip_high=0.28, beta=0.0, aggregation="token_level",
+        overlong_filtering=True, soft_overlong_punishment=True,
+    ),
+    # RLOO (Ahmadian et al. 2024): leave-one-out baseline, otherwise the GRPO defaults.
+    "RLOO": _preset(
+        _ANNEALED, advantage_estimator="rloo", clip_low=0.2, clip_high=0.2, beta=0.01, aggregation="sample_level",
+    ),
+    # REINFORCE++ (Hu 2025) with the group-mean baseline, as Colossal-RL's REINFORCE_PPB.
+    "REINFORCE_PPB": _preset(
+        _ANNEALED, advantage_estimator="reinforce_pp", clip_low=0.2, clip_high=0.2, beta=0.01,
+        aggregation="sample_level",
+    ),
+    # Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): no std division, no length
+    # normalisation (a constant denominator), no KL.
+    "DR_GRPO": _preset(
+        PresetRunDefaults(), advantage_estimator="dr_grpo", clip_low=0.2, clip_high=0.2, beta=0.0,
+        aggregation="constant",
+    ),
+    # GSPO (Zheng et al. 2025): sequence-level ratio with the paper's clipping range 3e-4/4e-4, no KL.
+    "GSPO": _preset(
+        PresetRunDefaults(), advantage_estimator="grpo", clip_low=3e-4, clip_high=4e-4, beta=0.0,
+        aggregation="sample_level", ratio_level="sequence",
+    ),
+})
+
+# The names as a type, for the schemas that take one (pydantic checks the value and lists the names).
+PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
