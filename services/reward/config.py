@@ -126,6 +126,9 @@ class RewardModelConfig(Schema):
                             "so the end of the response, where the score is read, stays")
     answer_threshold: float = Field(0.0, description="a score at or above it counts as answer_ok")
     torch_threads: int | None = Field(None, gt=0, description="CPU threads of the model (null: torch's default)")
+    timeout_seconds: float = Field(30.0, gt=0, description="per-item limit, queueing included: an item not scored "
+                                   "by then answers `timeout` (a forward pass cannot be interrupted; later items "
+                                   "wait for it)")
 
     @field_validator("path")
     @classmethod

@@ -81,7 +81,10 @@ class RewardModelVerifier:
         future: Future = Future()
         self._queue.put((item.prompt + item.response, future))
         try:
-            score = future.result()
+            score = future.result(timeout=self.config.timeout_seconds)
+        except TimeoutError:
+            future.cancel()
+            return Verdict(format_ok=False, answer_ok=False, reason="timeout")
         except Exception as exc:  # noqa: BLE001 - a failed forward pass is this item's verdict
             return Verdict(format_ok=False, answer_ok=False, reason=f"model_error: {type(exc).__name__}: {exc}")
         answer_ok = score >= self.config.answer_threshold
@@ -100,6 +103,10 @@ class RewardModelVerifier:
                     self._queue.put(None)
                     break
                 work.append(more)
+            # Items whose callers gave up waiting are not scored.
+            work = [(text, future) for text, future in work if future.set_running_or_notify_cancel()]
+            if not work:
+                continue
             try:
                 scores = self.model.score([text for text, _ in work])
             except Exception as exc:  # noqa: BLE001 - handed to every item of the batch

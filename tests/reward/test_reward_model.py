@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 
 import pytest
@@ -143,3 +145,31 @@ def test_torch_is_not_imported_without_a_reward_model():
                           cwd=__file__.rpartition("/")[0])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_an_item_the_model_does_not_score_in_time_answers_timeout_and_the_next_is_scored(model_path):
+    from zerobubble.reward.config import RewardModelConfig
+    from zerobubble.reward.reward_model import RewardModelVerifier
+    from zerobubble.reward.verifiers import ScoreItem
+
+    verifier = RewardModelVerifier(RewardModelConfig(path=model_path, timeout_seconds=0.5, torch_threads=1))
+    real_score, release = verifier.model.score, threading.Event()
+
+    def stuck_once(texts):  # a forward pass that hangs until released, as a wedged device would
+        verifier.model.score = real_score
+        release.wait(30)
+        return real_score(texts)
+
+    verifier.model.score = stuck_once
+    try:
+        started = time.monotonic()
+        verdict = verifier.check(ScoreItem(verifier="reward_model", prompt="Q: ", response="stuck"))
+        assert verdict.reason == "timeout" and not verdict.answer_ok
+        assert time.monotonic() - started < 5
+        release.set()
+        text = PAIRS[1][0] + PAIRS[1][1]
+        scored = verifier.check(ScoreItem(verifier="reward_model", prompt=PAIRS[1][0], response=PAIRS[1][1]))
+        assert scored.reason == "" and scored.reward == pytest.approx(expected_score(model_path, text), abs=1e-4)
+    finally:
+        release.set()
+        verifier.close()
