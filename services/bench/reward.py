@@ -1,5 +1,6 @@
 """`zerobubble bench reward`: math scores/s with 1 worker and with N, and sandboxed programs/s
-against bare `python3 -c pass` spawns of the same interpreter at the same concurrency, all measured in one run.
+against bare interpreter spawns of the same program on the same input at the same concurrency, all measured in
+one run.
 
 `zerobubble bench reward --load`: many concurrent closed-loop scoring streams against one reward service
 process: items/s, latency percentiles, how each stream fared, health-check failures meanwhile, and the
@@ -12,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -64,13 +66,21 @@ def _code_rate(slots: int, count: int) -> float:
 
 
 def _spawn_rate(python: str, parallel: int, count: int) -> float:
-    def spawn(_):
-        subprocess.run([python, "-c", "pass"], check=True)
+    """The same program on the same input, each run a bare interpreter spawn (`python -I main.py`, as the sandbox
+    starts it) with its output read back, at the same concurrency."""
+    source, stdin = _PROGRAM.split("\n", 1)[1].rsplit("```", 1)[0], b"1 2 3\n"
 
-    with ThreadPoolExecutor(parallel) as pool:
-        start = time.perf_counter()
-        list(pool.map(spawn, range(count)))
-        return count / (time.perf_counter() - start)
+    def spawn(_):
+        done = subprocess.run([python, "-I", "main.py"], cwd=folder, input=stdin, capture_output=True, check=True)
+        if done.stdout != b"6\n":
+            raise RuntimeError(f"the bare program printed {done.stdout!r}")
+
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "main.py").write_text(source)
+        with ThreadPoolExecutor(parallel) as pool:
+            start = time.perf_counter()
+            list(pool.map(spawn, range(count)))
+            return count / (time.perf_counter() - start)
 
 
 def bench_reward(items: int = 400, programs: int = 40) -> dict:
@@ -87,7 +97,7 @@ def bench_reward(items: int = 400, programs: int = 40) -> dict:
         f"math_scores_per_s_{cores}_workers": round(many, 1),
         "math_speedup": round(many / one, 2),
         "code_programs_per_s": round(code, 1),
-        "bare_python_spawns_per_s": round(spawn, 1),
+        "bare_program_spawns_per_s": round(spawn, 1),
         "python": python,
         "code_vs_bare_spawn_ratio": round(code / spawn, 3),
     }
