@@ -40,6 +40,7 @@ from zerobubble.buffer.core import Buffer
 from zerobubble.common.config import ConfigError
 
 STREAMS_PER_PROCESS = 16
+LEASE_MAX = 1024  # the buffer's default leases.max_prompts
 RECOVERY_GROUP = (8, 57_344)  # the 3.5 MiB group of `bench transport`
 RECOVERY_GB = (0.1, 1.0, 4.0)
 DEADLINE_SECONDS = 600.0
@@ -54,7 +55,7 @@ def _producer(address: str, first: int, streams: int, per_stream: int, trajector
         for index in range(first, first + streams):
             prompts = []
             while len(prompts) < per_stream:
-                prompts.extend(client.lease(f"p{index}", per_stream - len(prompts),
+                prompts.extend(client.lease(f"p{index}", min(LEASE_MAX, per_stream - len(prompts)),
                                             timeout=DEADLINE_SECONDS).prompts)
             leased.append((f"p{index}", prompts))
         print("ready", flush=True)
@@ -188,7 +189,7 @@ def _fill_log(folder: Path, groups_wanted: int) -> int:
     try:
         pushed = 0
         while pushed < groups_wanted:
-            grant = core.lease_prompts("filler", min(1024, groups_wanted - pushed))
+            grant = core.lease_prompts("filler", min(LEASE_MAX, groups_wanted - pushed))
             first = pushed
             for group in groups(like, list(grant.prompts), "filler"):
                 group.sequence += first
