@@ -198,7 +198,7 @@ def _fill_log(folder: Path, groups_wanted: int) -> int:
                 pushed += 1
     finally:
         core.close()
-    return sum(path.stat().st_size for path in (folder / "wal").iterdir())
+    return sum(segment.stat().st_size for segment in (folder / "wal").iterdir())
 
 
 def _read_seconds(directory: Path) -> float:
