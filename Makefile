@@ -131,6 +131,18 @@ test-trl:
 		echo "test-trl: SKIPPED: $(TRL_VENV) could not be built (trl==1.16.0, see deploy/trl/)"; \
 	fi
 
+# The Ray environment, for `zerobubble bench transport`'s baseline: the reference design's actor queue measured live.
+# Ray is needed by nothing else, so it stays apart from $(VENV) (deploy/ray/); the bench says so where it is missing.
+RAY_VENV ?= .venv-ray
+RAY_STAMP := $(RAY_VENV)/.installed-stamp
+
+.PHONY: ray-env
+
+$(RAY_STAMP): deploy/ray/requirements.txt deploy/ray/build-env.sh pyproject.toml
+	deploy/ray/build-env.sh $(RAY_VENV)
+
+ray-env: $(RAY_STAMP)
+
 # `docker compose up` of deploy/ on CPU for real (tests/compose): a Docker engine is started (installed when root
 # with apt) where none runs; where none can be had, says why and passes. Base images and pip downloads are cached
 # in /var/cache/zerobubble and Docker's build cache, so a second run takes minutes.

@@ -80,12 +80,6 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _bench_transport(args) -> dict:
-    from zerobubble.bench.transport import bench_transport
-
-    return bench_transport(scale=args.scale, fsync=args.fsync, workdir=args.workdir, commit_every=args.commit_every)
-
-
 # Each area adds its own subcommands here: a module with `register(subparsers)` (and, for benchmarks,
 # `register_bench(bench_subparsers)` whose parsers set `measure` to a function returning the figures), named with a
 # one-line summary for the command list. A module is imported only when one of its commands runs: most bring torch,
@@ -97,6 +91,7 @@ COMMANDS = {
     "plot": ("zerobubble.runs.plot", "draw a run's training curves (and evaluations) into one PNG"),
 }
 BENCHES = {
+    "transport": ("zerobubble.bench.transport", "buffer push-to-pull throughput vs a Ray actor queue and a socket"),
     "reward": ("zerobubble.bench.reward", "math scores/s with 1 and N workers; sandboxed programs/s"),
     "weights": ("zerobubble.bench.weights", "bucketed vs per-tensor vs flat weight broadcast"),
     "rollout": ("zerobubble.bench.rollout", "engine tokens/s vs a rollout worker's end to end"),
@@ -106,6 +101,7 @@ BENCHES = {
     "gpu-sync": ("zerobubble.bench.gpu", "weight sync trainer -> rollout on one GPU"),
     "fuzz": ("zerobubble.bench.fuzz", "soak every RPC of every service with generated messages and wire abuse"),
     "data": ("zerobubble.bench.data", "a large prompt set's load: rows/s and peak memory per format"),
+    "scale": ("zerobubble.bench.scale", "the buffer under 64 producers and 4 pullers; its restart on a large log"),
 }
 
 # What the train extra brings: a command that needs one of these on a light install says which extra to add.
@@ -175,14 +171,6 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="measure throughput; prints one JSON object as its last line")
     benches = bench.add_subparsers(dest="what", required=True)
-    transport = benches.add_parser("transport", help="buffer push-to-pull throughput vs a loopback TCP socket")
-    transport.add_argument("--scale", type=float, default=1.0, help="fraction of the default group counts")
-    transport.add_argument("--fsync", default="interval", choices=["always", "interval", "never"],
-                           help="the buffer's write-ahead-log fsync policy")
-    transport.add_argument("--workdir", type=Path, help="where the buffer keeps its log (default: a temp dir)")
-    transport.add_argument("--commit-every", type=int, default=64,
-                           help="groups per training step: the puller commits after each")
-    transport.set_defaults(measure=_bench_transport)
     bench.set_defaults(run=cmd_bench)
     _add_lazy(benches, BENCHES, bench_name, "register_bench")
     _add_lazy(sub, COMMANDS, command, "register")

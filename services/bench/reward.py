@@ -1,5 +1,6 @@
 """`zerobubble bench reward`: math scores/s with 1 worker and with N, and sandboxed programs/s
-against bare `python3 -c pass` spawns of the same interpreter at the same concurrency, all measured in one run.
+against bare interpreter spawns of the same program on the same input at the same concurrency, all measured in
+one run.
 
 `zerobubble bench reward --load`: many concurrent closed-loop scoring streams against one reward service
 process: items/s, latency percentiles, how each stream fared, health-check failures meanwhile, and the
@@ -10,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerobubble.common.clients.reward import score_request
+from zerobubble.reward import sandbox
 from zerobubble.reward.config import SandboxConfig
 from zerobubble.reward.local import reward_client
 from zerobubble.reward.sandbox import CodeSandbox
@@ -32,7 +36,8 @@ _MATH = [
     ("\\frac{1}{2}", "0.5"), ("7425000", "7,425,000"), ("\\sqrt{2}", "\\sqrt{2}"), ("3", "4"),
     ("x^2+2x+1", "(x+1)^2"), ("\\pi", "3.14159"), ("(1,2)", "(1, 2)"), ("\\frac{3}{4}", "75\\%"),
 ]
-_PROGRAM = "```python\nimport sys\nprint(sum(int(x) for x in sys.stdin.read().split()))\n```"
+_PROGRAM_SOURCE = "import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))\n"
+_PROGRAM = f"```python\n{_PROGRAM_SOURCE}```"
 
 
 def _math_requests(count: int):
@@ -64,32 +69,81 @@ def _code_rate(slots: int, count: int) -> float:
 
 
 def _spawn_rate(python: str, parallel: int, count: int) -> float:
-    def spawn(_):
-        subprocess.run([python, "-c", "pass"], check=True)
+    """The same program on the same input, each run a bare interpreter spawn (`python -I main.py`, as the sandbox
+    starts it) with its output read back, at the same concurrency."""
+    stdin = b"1 2 3\n"
 
-    with ThreadPoolExecutor(parallel) as pool:
-        start = time.perf_counter()
-        list(pool.map(spawn, range(count)))
-        return count / (time.perf_counter() - start)
+    def spawn(_):
+        done = subprocess.run([python, "-I", "main.py"], cwd=folder, input=stdin, capture_output=True, check=True)
+        if done.stdout != b"6\n":
+            raise RuntimeError(f"the bare program printed {done.stdout!r}")
+
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "main.py").write_text(_PROGRAM_SOURCE)
+        with ThreadPoolExecutor(parallel) as pool:
+            start = time.perf_counter()
+            list(pool.map(spawn, range(count)))
+            return count / (time.perf_counter() - start)
+
+
+def _median_ms(run, count: int) -> float:
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return round(1000 * statistics.median(times), 1)
+
+
+def _sandbox_stages(python: str, count: int) -> dict:
+    """Where a sandboxed run's time goes, one run at a time (medians): the same program spawned bare, what
+    bubblewrap's namespaces and root cost alone, the launcher interpreter's start-up, and the whole run."""
+    box = CodeSandbox(SandboxConfig(slots=1))
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "main.py").write_text(_PROGRAM_SOURCE)
+            bare = _median_ms(lambda: subprocess.run([python, "-I", "main.py"], cwd=folder, input=b"1 2 3\n",
+                                                     capture_output=True, check=True), count)
+        bwrap = [box.bwrap, *sandbox._ISOLATION, *sandbox._root_args(), "/bin/true"]
+        return {
+            "bare_program": bare,
+            "bubblewrap_alone": _median_ms(lambda: subprocess.run(bwrap, check=True), count),
+            "launcher_interpreter": _median_ms(
+                lambda: subprocess.run([python, "-I", "-S", "-c", "pass"], check=True), count),
+            "sandboxed_run": _median_ms(lambda: box.run(_PROGRAM_SOURCE, "1 2 3\n"), count),
+        }
+    finally:
+        box.close()
+
+
+def bench_sandbox(programs: int = 40) -> dict:
+    """Sandboxed programs/s at one slot per core against bare spawns of the same program at the same concurrency,
+    and the stages of one sandboxed run."""
+    cores = os.cpu_count() or 1
+    code = _code_rate(cores, programs)
+    # The baseline spawns the interpreter the sandbox runs programs with, not a PATH shim.
+    python = CodeSandbox(SandboxConfig()).python
+    spawn = _spawn_rate(python, cores, programs)
+    return {
+        "cores": cores,
+        "code_programs_per_s": round(code, 1),
+        "bare_program_spawns_per_s": round(spawn, 1),
+        "python": python,
+        "code_vs_bare_spawn_ratio": round(code / spawn, 3),
+        "sandbox_stages_ms": _sandbox_stages(python, max(5, programs // 2)),
+    }
 
 
 def bench_reward(items: int = 400, programs: int = 40) -> dict:
     cores = os.cpu_count() or 1
     one = _math_rate(1, items)
     many = _math_rate(cores, items)
-    code = _code_rate(cores, programs)
-    # The baseline spawns the interpreter the sandbox runs programs with, not a PATH shim.
-    python = CodeSandbox(SandboxConfig()).python
-    spawn = _spawn_rate(python, cores, programs)
     figures = {
         "cores": cores,
         "math_scores_per_s_1_worker": round(one, 1),
         f"math_scores_per_s_{cores}_workers": round(many, 1),
         "math_speedup": round(many / one, 2),
-        "code_programs_per_s": round(code, 1),
-        "bare_python_spawns_per_s": round(spawn, 1),
-        "python": python,
-        "code_vs_bare_spawn_ratio": round(code / spawn, 3),
+        **bench_sandbox(programs),
     }
     from zerobubble.bench.reward_http import bench_http_vs_grpc  # it reuses _MATH from here
 
@@ -259,6 +313,8 @@ def register_bench(benches) -> None:
                                 "with --load, many concurrent scoring streams against one service")
     parser.add_argument("--items", type=int, default=400, help="math items per measurement")
     parser.add_argument("--programs", type=int, default=40, help="programs per measurement")
+    parser.add_argument("--sandbox-only", action="store_true",
+                        help="only the sandboxed programs against bare spawns of the same program")
     parser.add_argument("--load", action="store_true",
                         help="closed-loop scoring streams: items/s, latency, health-check failures, service memory")
     parser.add_argument("--streams", type=int, default=64, help="--load: concurrent streams")
@@ -278,4 +334,6 @@ def _measure(args) -> dict:
         return bench_reward_load(streams=args.streams, seconds=args.seconds, server=args.server, pid=args.pid,
                                  math_workers=args.math_workers, health_every=args.health_every,
                                  health_deadline=args.health_deadline)
+    if args.sandbox_only:
+        return bench_sandbox(programs=args.programs)
     return bench_reward(items=args.items, programs=args.programs)

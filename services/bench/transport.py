@@ -1,5 +1,6 @@
-"""`zerobubble bench transport`: push-to-pull throughput through a real buffer process on loopback,
-next to a plain loopback TCP socket moving the same bytes (the limit).
+"""`zerobubble bench transport`: push-to-pull throughput through a real buffer process on loopback, next to
+a plain loopback TCP socket moving the same bytes (the limit) and, for the 3.5 MiB group, the reference
+design's Ray actor queue moving the same bytes (transport_ray.py, in the Ray environment), all in one run.
 
 As in deployment, the pushing side (a rollout worker) and the pulling side (a trainer rank) are
 processes of their own, and the puller commits once per training step, so the buffer's log
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -22,17 +22,19 @@ from typing import Any
 
 import yaml
 
-from zerobubble.bench.transport_pusher import MIB, client_for, groups, template
+from zerobubble.bench.transport_pusher import MIB, client_for, template
 from zerobubble.common.clients.buffer import BufferClient
+from zerobubble.common.config import ConfigError
 
 # (name, trajectories, tokens per trajectory, groups at scale 1). 57,344 tokens of int32 ids and float32
-# log-probs, times 8, is the 3.5 MiB item the reference's Ray buffer moved at about 44 per second.
+# log-probs, times 8, is the 3.5 MiB item of the reference's Ray buffer, measured here beside it.
 CASES = [
     ("8x512 tokens", 8, 512, 4000),
     ("8x4096 tokens", 8, 4096, 1000),
     ("3.5 MiB", 8, 57_344, 300),
 ]
-RAY_PUT_THEN_GET_PER_S = 44.0
+RAY_PYTHON = Path(".venv-ray/bin/python")
+RAY_TIMEOUT_SECONDS = 900
 COMMIT_EVERY = 64  # groups per training step
 
 SOCKET_SINK = """
@@ -52,22 +54,31 @@ connection.close()
 """
 
 
-class _BufferProcess:
-    """A buffer service in its own process, as it runs in production, with its log in `folder`."""
+def buffer_config(folder: Path, prompts: int, fsync: str, max_bytes: int | None = None) -> Path:
+    """A buffer config in `folder`: `prompts` prompts, room for as many groups (and `max_bytes`), its log in
+    folder/wal. The same arguments write the same prompt file, which the log of an earlier start agrees with."""
+    row = {"messages": {"role": "user", "content": "?"}, "gt_answer": "1"}
+    rows = (json.dumps({**row, "id": i}) for i in range(prompts))
+    (folder / "prompts.jsonl").write_text("\n".join(rows) + "\n")
+    capacity = {"max_groups": prompts, **({} if max_bytes is None else {"max_bytes": max_bytes})}
+    config = {
+        "server": {"listen": "127.0.0.1:0", "metrics_port": None, "grace_seconds": 1.0},
+        "prompts": {"path": str(folder / "prompts.jsonl")},
+        "capacity": capacity,
+        "wal": {"directory": str(folder / "wal"), "fsync": fsync},
+    }
+    (folder / "buffer.yaml").write_text(yaml.safe_dump(config))
+    return folder / "buffer.yaml"
 
-    def __init__(self, folder: Path, prompts: int, fsync: str):
-        row = {"messages": {"role": "user", "content": "?"}, "gt_answer": "1"}
-        rows = (json.dumps({**row, "id": i}) for i in range(prompts))
-        (folder / "prompts.jsonl").write_text("\n".join(rows) + "\n")
-        config = {
-            "server": {"listen": "127.0.0.1:0", "metrics_port": None, "grace_seconds": 1.0},
-            "prompts": {"path": str(folder / "prompts.jsonl")},
-            "capacity": {"max_groups": prompts},
-            "wal": {"directory": str(folder / "wal"), "fsync": fsync},
-        }
-        (folder / "buffer.yaml").write_text(yaml.safe_dump(config))
+
+class BufferProcess:
+    """A buffer service in its own process, as it runs in production, with its log in `folder`; started again on
+    the same folder it recovers that log."""
+
+    def __init__(self, folder: Path, prompts: int, fsync: str, max_bytes: int | None = None):
+        config = buffer_config(folder, prompts, fsync, max_bytes)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "zerobubble.cli", "serve", "buffer", "--config", str(folder / "buffer.yaml")],
+            [sys.executable, "-m", "zerobubble.cli", "serve", "buffer", "--config", str(config)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         line = self.process.stdout.readline()
@@ -135,26 +146,19 @@ def _stream_through(address: str, shape: tuple[int, int], count: int, commit_eve
     return elapsed, commits
 
 
-def _put_then_get(client: BufferClient, like, count: int, commit_every: int) -> float:
-    """Items per second with one in flight: push on an open stream, wait for the ack, pull the group, commit
-    once per training step (the reference's measure, as a rollout worker keeps its push stream open)."""
-    prompts = list(client.lease("bench", count).prompts)
-    outgoing: queue.Queue = queue.Queue()
-    acks = client.push(iter(outgoing.get, None), timeout=600)
-    started = time.perf_counter()
-    for i, group in enumerate(groups(like, prompts, "bench-one-by-one"), start=1):
-        outgoing.put(group)
-        if not next(acks).stored:
-            raise RuntimeError("a put-then-get push was not stored")
-        pulled = client.pull(0, 1, 1, wait_seconds=5)
-        if len(pulled.groups) != 1:
-            raise RuntimeError("a put-then-get pull came back empty")
-        if i % commit_every == 0 or i == count:
-            client.commit(pulled.last_delivery)
-    elapsed = time.perf_counter() - started
-    outgoing.put(None)
-    list(acks)
-    return count / elapsed
+def ray_queue(python: Path, shape: tuple[int, int], count: int) -> dict[str, Any]:
+    """The reference's actor-queue hand-off of `count` items of the same tensors (transport_ray.py), run by
+    `python` of the Ray environment; {"skipped": why} where there is none."""
+    if not python.exists():
+        return {"skipped": f"no Ray environment at {python} (`make ray-env` builds it)"}
+    done = subprocess.run([str(python), "-m", "zerobubble.bench.transport_ray", *map(str, shape), str(count)],
+                          capture_output=True, text=True, timeout=RAY_TIMEOUT_SECONDS)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        raise RuntimeError(f"the Ray side failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    report = json.loads(lines[-1])
+    return {"ray_version": report["ray"], "item_bytes": report["item_bytes"], "items": report["items"],
+            "seconds": round(report["seconds"], 3), "items_per_s": round(report["items"] / report["seconds"], 1)}
 
 
 def socket_throughput(total_bytes: int, chunk_bytes: int) -> float:
@@ -178,23 +182,21 @@ def socket_throughput(total_bytes: int, chunk_bytes: int) -> float:
 
 
 def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Path | None = None,
-                    commit_every: int = COMMIT_EVERY) -> dict[str, Any]:
+                    commit_every: int = COMMIT_EVERY, ray_python: Path = RAY_PYTHON) -> dict[str, Any]:
     """Measure every case of CASES with `scale` times its group count, the puller committing every
-    `commit_every` groups; the figures as a JSON-able dict."""
+    `commit_every` groups, against a loopback socket and (for groups over a MiB) the reference's Ray queue
+    moving as many items of the same bytes; the figures as a JSON-able dict."""
     results: dict[str, Any] = {"benchmark": "transport", "fsync": fsync, "commit_every": commit_every, "cases": []}
     with tempfile.TemporaryDirectory(dir=workdir, prefix="zerobubble-bench-") as scratch:
         for index, (name, trajectories, tokens, groups_at_scale_1) in enumerate(CASES):
             count = max(10, int(groups_at_scale_1 * scale))
-            like = template(trajectories, tokens)
-            size = like.ByteSize()
+            size = template(trajectories, tokens).ByteSize()
             folder = Path(scratch) / f"case{index}"
             folder.mkdir()
-            buffer = _BufferProcess(folder, count + 50, fsync)
+            buffer = BufferProcess(folder, count + 50, fsync)
             try:
                 seconds, commits = _stream_through(buffer.address, (trajectories, tokens), count, commit_every,
                                                    folder / "pusher.log")
-                with client_for(buffer.address) as client:
-                    put_then_get = _put_then_get(client, like, 50, commit_every) if size > MIB else None
             finally:
                 buffer.close()
             limit = socket_throughput(count * size, size)
@@ -209,13 +211,35 @@ def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Pat
                 "socket_mb_per_s": round(limit / 1e6, 1),
                 "ratio_to_socket": round(count * size / seconds / limit, 3),
             }
-            if put_then_get is not None:
-                case["put_then_get_per_s"] = round(put_then_get, 1)
-                case["reference_ray_put_then_get_per_s"] = RAY_PUT_THEN_GET_PER_S
+            if size > MIB:
+                ray = ray_queue(ray_python, (trajectories, tokens), count)
+                case["ray_queue"] = ray
+                if "items_per_s" in ray:
+                    case["ratio_to_ray_queue"] = round(case["groups_per_s"] / ray["items_per_s"], 2)
             results["cases"].append(case)
     return results
 
 
-if __name__ == "__main__":
-    print(json.dumps(bench_transport(scale=float(sys.argv[1]) if len(sys.argv) > 1 else 1.0,
-                                     commit_every=int(sys.argv[2]) if len(sys.argv) > 2 else COMMIT_EVERY)))
+def register_bench(benches) -> None:
+    parser = benches.add_parser("transport", help="buffer push-to-pull throughput vs the reference's Ray actor "
+                                "queue and a loopback TCP socket")
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of the default group counts")
+    parser.add_argument("--fsync", default="interval", choices=["always", "interval", "never"],
+                        help="the buffer's write-ahead-log fsync policy")
+    parser.add_argument("--workdir", type=Path, help="where the buffer keeps its log (default: a temp dir)")
+    parser.add_argument("--commit-every", type=int, default=COMMIT_EVERY,
+                        help="groups per training step: the puller commits after each")
+    parser.add_argument("--ray-python", type=Path, default=RAY_PYTHON,
+                        help="the Ray environment's interpreter (`make ray-env`); where absent the Ray queue is "
+                        "skipped, saying so")
+    parser.set_defaults(measure=_measure)
+
+
+def _measure(args) -> dict:
+    if args.scale <= 0:
+        raise ConfigError(f"--scale: must be above 0, got {args.scale}")
+    if args.commit_every < 1:
+        raise ConfigError(f"--commit-every: must be at least 1, got {args.commit_every}")
+    return bench_transport(scale=args.scale, fsync=args.fsync, workdir=args.workdir, commit_every=args.commit_every,
+                           ray_python=args.ray_python)
+

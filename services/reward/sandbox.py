@@ -243,7 +243,7 @@ class CodeSandbox:
 
     def _spec(self, slot: int) -> list[str]:
         cfg = self.config
-        spec = {"python": self.python, "uid": cfg.uid_base + slot, "cpu_seconds": cfg.cpu_seconds,
+        spec = {"uid": cfg.uid_base + slot, "cpu_seconds": cfg.cpu_seconds,
                 "memory_bytes": cfg.memory_bytes, "max_processes": cfg.max_processes,
                 "max_file_bytes": cfg.max_file_bytes, "max_open_files": cfg.max_open_files}
         return [f"{key}={value}" for key, value in spec.items()]

@@ -1,18 +1,42 @@
-"""`zerobubble bench transport` at a tiny scale: every case runs end to end and reports its figures."""
+"""`zerobubble bench transport` at a tiny scale: every case runs end to end and reports its figures, each beside
+its baseline measured in the same run."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from zerobubble.bench.transport import CASES, bench_transport
+import pytest
+
+from zerobubble.bench.transport import CASES, RAY_PYTHON, bench_transport
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bench_transport_reports_every_case(tmp_path):
-    result = bench_transport(scale=0.001, workdir=tmp_path, commit_every=4)
+    missing = tmp_path / "no-ray" / "python"
+    result = bench_transport(scale=0.001, workdir=tmp_path, commit_every=4, ray_python=missing)
     json.dumps(result)
     assert [case["case"] for case in result["cases"]] == [name for name, *_ in CASES]
     for case in result["cases"]:
         assert case["groups"] == 10 and case["commits"] == 3
-        assert case["groups_per_s"] > 0 and 0 < case["ratio_to_socket"] < 10
-    assert result["cases"][-1]["group_bytes"] > 3.5 * 1024 * 1024 and result["cases"][-1]["put_then_get_per_s"] > 0
-    assert not list(tmp_path.iterdir()), "the scratch folder is removed"
+        assert case["groups_per_s"] > 0 and case["socket_mb_per_s"] > 0 and 0 < case["ratio_to_socket"] < 10
+    large = result["cases"][-1]
+    assert large["group_bytes"] > 3.5 * 1024 * 1024
+    # Without the Ray environment the baseline says why, and no ratio is made up.
+    assert str(missing) in large["ray_queue"]["skipped"] and "make ray-env" in large["ray_queue"]["skipped"]
+    assert "ratio_to_ray_queue" not in large
+    assert not [path for path in tmp_path.iterdir() if path.name != "no-ray"], "the scratch folder is removed"
+
+
+def test_bench_transport_measures_the_ray_queue_live(tmp_path):
+    python = REPO / RAY_PYTHON
+    if not python.exists():
+        pytest.skip(f"no Ray environment at {python}: `make ray-env` builds it")
+    result = bench_transport(scale=0.001, workdir=tmp_path, commit_every=4, ray_python=python)
+    large = result["cases"][-1]
+    ray = large["ray_queue"]
+    assert ray["items"] == large["groups"] and ray["seconds"] > 0 and ray["ray_version"]
+    # The same bytes on both sides, give or take the protobuf framing.
+    assert abs(ray["item_bytes"] - large["group_bytes"]) < 1024
+    assert large["ratio_to_ray_queue"] == round(large["groups_per_s"] / ray["items_per_s"], 2)

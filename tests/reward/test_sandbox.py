@@ -132,6 +132,30 @@ def test_runtime_error(sandbox):
         "runtime_error"
 
 
+def test_the_program_sees_what_a_script_run_by_the_interpreter_sees(sandbox):
+    # It runs in the launcher's interpreter rather than a new one: as __main__ with the script's file and argv,
+    # site's builtins, tracebacks and syntax errors from main.py on, and no descriptor but its standard three.
+    source = """
+import os, sys
+print(__name__, __file__, sys.argv, sys.modules["__main__"].__file__, callable(exit))
+print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")))
+def fail():
+    raise KeyError("deep")
+fail()
+"""
+    result = sandbox.run(source, "")
+    assert (result.status, result.exit_code) == ("runtime_error", 1)
+    names, descriptors = result.stdout.splitlines()
+    assert names == "__main__ /tmp/main.py ['main.py'] /tmp/main.py True"
+    assert descriptors == "[0, 1, 2, 3]"  # 3: the listing's own
+    assert result.stderr.startswith('Traceback (most recent call last):\n  File "/tmp/main.py", line 7')
+    assert result.stderr.rstrip().endswith("KeyError: 'deep'") and "sandbox_entry" not in result.stderr
+    broken = sandbox.run("def f(:\n    pass\n", "")
+    assert (broken.status, broken.exit_code) == ("runtime_error", 1)
+    assert broken.stderr.startswith('  File "/tmp/main.py", line 1') and "SyntaxError" in broken.stderr
+    assert sandbox.run("exit(5)", "").exit_code == 5
+
+
 def test_large_stdin_is_fed_whole(sandbox):
     data = "".join(f"{i}\n" for i in range(160_000))
     assert len(data) > 1_000_000
