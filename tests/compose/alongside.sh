@@ -13,15 +13,19 @@ started=$SECONDS
 # A session of its own, so that stopping it stops the builds it started and nothing else.
 setsid bash -c '"$1/docker-engine.sh" && "$2" "$1/compose_stack.py"' _ "$here" "$python" >"$log" 2>&1 </dev/null &
 prepare=$!
+stop() { kill -TERM -- "-$prepare" 2>/dev/null; wait "$prepare"; rm -f "$log"; }
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
 "$@"
 status=$?
+trap - INT TERM
 if [ "$status" != 0 ]; then
-    kill -TERM -- "-$prepare" 2>/dev/null
-    wait "$prepare"
+    stop
     exit "$status"
 fi
 if wait "$prepare"; then
     echo "compose images ready beside the suites ($((SECONDS - started)) s): $(tail -n 1 "$log")"
+    rm -f "$log"
 else
     echo "compose preparation failed beside the suites ($log): $(tail -n 1 "$log")"
 fi
