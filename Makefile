@@ -18,11 +18,13 @@ install: $(STAMP) sandbox-tool protoc-env
 lint: install
 	$(VENV)/bin/ruff check .
 
+# The compose test's engine and image builds (minutes of downloads on a fresh machine) go on beside pytest.
 test: lint compose-tool
-	$(VENV)/bin/pytest
+	tests/compose/alongside.sh $(PY) $(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-colossalai
 	$(MAKE) --no-print-directory test-trl
+	$(MAKE) --no-print-directory test-compose
 
 # The tiny CPU demo: every service its own process on loopback, a live progress line, a run folder in runs/demo.
 demo: install

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -80,6 +81,12 @@ def wheel_server(folder: Path) -> Iterator[str]:
         server.server_close()
 
 
+def torch_wheel_folder() -> Path | None:
+    """The host's folder of torch wheels (ZB_TORCH_WHEELS, default /opt/wheels) where it holds one."""
+    folder = Path(os.environ.get("ZB_TORCH_WHEELS", "/opt/wheels"))
+    return folder if any(folder.glob("torch-*.whl")) else None
+
+
 def build_images(torch_wheels: Path | None) -> dict[str, float]:
     """The project's CPU image and Prometheus, from the real bases where they can be pulled, else from stand-ins
     made of Debian's packages. Returns seconds spent on each."""
@@ -112,17 +119,17 @@ def build_images(torch_wheels: Path | None) -> dict[str, float]:
 
 
 class Stack:
-    """One compose project over deploy/docker-compose.yml, compose.cpu.yml and a test override."""
+    """One compose project over `files`, whose relative paths are relative to the first one's folder."""
 
-    def __init__(self, project: str, override: Path, env: dict[str, str]):
-        self.base = [*compose_command(), "-p", project, "--project-directory", str(DEPLOY),
-                     "-f", str(DEPLOY / "docker-compose.yml"), "-f", str(DEPLOY / "compose.cpu.yml"),
-                     "-f", str(override)]
+    def __init__(self, project: str, files: list[Path], env: dict[str, str]):
+        self.folder = files[0].parent
+        self.base = [*compose_command(), "-p", project, "--project-directory", str(self.folder),
+                     *(arg for file in files for arg in ("-f", str(file)))]
         self.project = project
         self.env = env
 
     def __call__(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        return run([*self.base, *args], timeout=timeout, check=check, env=self.env, cwd=DEPLOY)
+        return run([*self.base, *args], timeout=timeout, check=check, env=self.env, cwd=self.folder)
 
     def exec(self, service: str, *command: str, timeout: float = 60) -> str:
         return self("exec", "-T", service, *command, timeout=timeout).stdout
@@ -145,6 +152,20 @@ class Stack:
                     "cat /runs/trainer/metrics.jsonl 2>/dev/null || true", timeout=120).stdout
         return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
+    def logs(self, service: str) -> str:
+        return self("logs", "--no-color", service, timeout=120).stdout
+
+    def wait_for(self, condition, timeout: float, what: str):
+        """condition()'s first true value, polled; on timeout, fails with the end of every service's log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = condition()
+            if value:
+                return value
+            time.sleep(2)
+        logs = self("logs", "--no-color", "--tail", "30", timeout=60, check=False).stdout
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs[-6000:]}")
+
     def leftover(self) -> list[str]:
         """Containers, networks and volumes of the project still there."""
         label = f"label=com.docker.compose.project={self.project}"
@@ -152,3 +173,8 @@ class Stack:
         for kind in (["ps", "-a"], ["network", "ls"], ["volume", "ls"]):
             found += run(["docker", *kind, "-q", "--filter", label], timeout=30).stdout.split()
         return found
+
+
+if __name__ == "__main__":
+    # `make test` builds the images while its other suites run (alongside.sh); the test then finds them cached.
+    print("build seconds:", {k: round(v) for k, v in build_images(torch_wheel_folder()).items()}, flush=True)

@@ -1,7 +1,8 @@
 """`docker compose up` of deploy/ on CPU, for real: the image builds here, the stack (reward, buffer, trainer, two
 rollout workers, Prometheus) trains the tiny model to the end of its data, a restarted rollout worker and a restarted
-buffer lose no group, Prometheus scraped every service, the code verifier scores a program inside the reward
-container (which is not privileged), and `down` leaves nothing behind.
+buffer lose no group, Prometheus scraped every service, the code verifier scores programs inside the reward
+container (not privileged: two capabilities, its seccomp profile, a memory cgroup of its own), and `down` leaves
+nothing behind.
 
 Runs from `make test-compose` (ZEROBUBBLE_COMPOSE=1), which first makes sure a Docker engine answers; plain pytest
 skips it. Every container sits on a network compose makes `internal`: nothing reaches an address off this machine.
@@ -9,6 +10,7 @@ skips it. Every container sits on a network compose makes `internal`: nothing re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,17 +20,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from compose_stack import DEPLOY, IMAGE, PROMETHEUS_IMAGE, Stack, build_images
-
-pytestmark = pytest.mark.skipif(os.environ.get("ZEROBUBBLE_COMPOSE") != "1",
-                                reason="the compose stack runs from `make test-compose` (ZEROBUBBLE_COMPOSE=1)")
+from compose_stack import DEPLOY, IMAGE, PROMETHEUS_IMAGE, Stack
 
 PROMPTS, GENERATIONS = 128, 4
 GROUPS_PER_STEP = yaml.safe_load((DEPLOY / "compose" / "cpu" / "trainer.yaml").read_text())["batch"]["groups_per_step"]
 MOST_STEPS = PROMPTS // GROUPS_PER_STEP  # fewer where groups are dropped as stale
 SERVICES = ("reward", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus")
 SCRAPED = {"reward": 1, "buffer": 1, "rollout": 2, "trainer": 1}
-TORCH_WHEELS = Path(os.environ.get("ZB_TORCH_WHEELS", "/opt/wheels"))
 
 BUFFER_STATS = ("import json; from zerobubble.buffer.config import BufferServiceConfig; "
                 "from zerobubble.buffer.core import Buffer; from zerobubble.common.config import load_config; "
@@ -43,19 +41,8 @@ CODE_SCORE = ("import json, sys; from zerobubble.common.config import ClientConf
               "print(json.dumps([[x.reward, x.reason] for x in r]))")
 
 
-def wait_for(condition, timeout: float, what: str, stack: Stack):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(2)
-    logs = stack("logs", "--no-color", "--tail", "30", timeout=60, check=False).stdout
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs[-6000:]}")
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(images, tmp_path_factory):
     folder = tmp_path_factory.mktemp("compose")
     (folder / "token").write_text(uuid.uuid4().hex)
     (folder / "grafana_password").write_text(uuid.uuid4().hex)
@@ -66,14 +53,24 @@ def stack(tmp_path_factory):
         "secrets": {"zerobubble_token": {"file": str(folder / "token")},
                     "grafana_admin_password": {"file": str(folder / "grafana_password")}},
     }))
-    figures = build_images(TORCH_WHEELS if any(TORCH_WHEELS.glob("torch-*.whl")) else None)
-    print("build seconds:", {k: round(v) for k, v in figures.items()})
-    env = {**os.environ, "ZB_IMAGE": IMAGE, "ZB_PROMETHEUS_IMAGE": PROMETHEUS_IMAGE, "ZB_PROMPTS": str(PROMPTS)}
-    project = Stack(f"zbtest{uuid.uuid4().hex[:8]}", override, env)
+    name = f"zbtest{uuid.uuid4().hex[:8]}"
+    # The sandbox's cgroup of this project alone: every reward container is pid 1 and names its cgroups by pid.
+    v1 = Path("/sys/fs/cgroup/memory").is_dir()
+    cgroup = Path("/sys/fs/cgroup/memory" if v1 else "/sys/fs/cgroup", f"zerobubble-sandbox-{name}")
+    env = {**os.environ, "ZB_IMAGE": IMAGE, "ZB_PROMETHEUS_IMAGE": PROMETHEUS_IMAGE, "ZB_PROMPTS": str(PROMPTS),
+           "ZB_SANDBOX_CGROUP": str(cgroup), "ZB_SANDBOX_CGROUP_MOUNT": str(cgroup.parent)}
+    project = Stack(name, [DEPLOY / "docker-compose.yml", DEPLOY / "compose.cpu.yml", override], env)
     try:
         yield project
     finally:
         project("down", "-v", "--remove-orphans", "-t", "10", timeout=300, check=False)
+        for folder in sorted((p for p in cgroup.glob("**/") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # a cgroup goes with rmdir once it has no processes and no child
+
+
+USERNS_REFUSED = ("import ctypes; a, b = map(int, input().split()); "
+                  "print(a + b if ctypes.CDLL(None).unshare(0x10000000) else 0)")  # CLONE_NEWUSER
 
 
 def test_the_stack_trains_to_the_end_through_restarts_and_leaves_nothing(stack):
@@ -86,15 +83,15 @@ def test_the_stack_trains_to_the_end_through_restarts_and_leaves_nothing(stack):
                      timeout=60, check=False).stdout
         return json.loads(text)["step"] if text.startswith("{") else 0
 
-    wait_for(lambda: steps() >= 2, 600, "two training steps", stack)
+    stack.wait_for(lambda: steps() >= 2, 600, "two training steps")
     for service in ("buffer", "rollout-1"):
         step = steps()
         assert stack.state("trainer")[0] == "running" and step < MOST_STEPS - 4, \
             f"the run was nearly over (step {step} of at most {MOST_STEPS}) before {service} was restarted"
         stack("restart", "-t", "20", service, timeout=180)
-        wait_for(lambda step=step: steps() >= step + 2, 600, f"two more steps after restarting {service}", stack)
+        stack.wait_for(lambda step=step: steps() >= step + 2, 600, f"two more steps after restarting {service}")
 
-    wait_for(lambda: stack.state("trainer")[0] == "exited", 900, "the trainer to finish", stack)
+    stack.wait_for(lambda: stack.state("trainer")[0] == "exited", 900, "the trainer to finish")
     assert stack.state("trainer") == ("exited", 0)
     print(f"compose run: {time.monotonic() - started:.0f} s from up to the trainer's end")
 
@@ -107,11 +104,12 @@ def test_the_stack_trains_to_the_end_through_restarts_and_leaves_nothing(stack):
             seen[series["metric"]["job"]] = seen.get(series["metric"]["job"], 0) + 1
     assert seen == SCRAPED, reply
 
-    # The code verifier runs in the reward container without `privileged`.
+    # The code verifier runs in the reward container without `privileged`, under deploy/seccomp/reward.json: the
+    # third program answers right only where its user namespace is refused (seccomp=unconfined would allow it).
     scores = json.loads(stack.exec("reward", "python", "-c", CODE_SCORE,
                                    "a, b = map(int, input().split()); print(a + b)",
-                                   "a, b = map(int, input().split()); print(a - b)", timeout=120))
-    assert [reward for reward, _ in scores] == [1.0, 0.0], scores
+                                   "a, b = map(int, input().split()); print(a - b)", USERNS_REFUSED, timeout=120))
+    assert [reward for reward, _ in scores] == [1.0, 0.0, 1.0], scores
     assert scores[1][1] == "wrong_answer", scores
 
     # The run folder on the volume: every step once, the final checkpoint, and every group accounted for.

@@ -8,6 +8,7 @@ Debian's `docker-compose` validates the files without a Docker engine (CI instal
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -48,7 +49,8 @@ def docker_compose_config(path: Path, env: dict[str, str] | None = None, *more: 
     """Validates the files (quietly), or with `env` prints them as docker-compose resolves them in that environment."""
     quiet = ["-q"] if env is None else []
     files = [arg for p in (path, *more) for arg in ("-f", str(p))]
-    return subprocess.run(["docker-compose", *files, "config", *quiet], cwd=REPO, capture_output=True,
+    # From deploy/, as a user runs it: docker-compose 1.x reads the seccomp profile relative to its working folder.
+    return subprocess.run(["docker-compose", *files, "config", *quiet], cwd=COMPOSE_FILE.parent, capture_output=True,
                           text=True, timeout=60, env=env)
 
 
@@ -140,6 +142,13 @@ def test_reward_service_is_not_privileged_and_has_only_the_capability_bubblewrap
     reward = compose["services"]["reward"]
     assert "privileged" not in reward
     assert reward["cap_add"] == ["SYS_ADMIN", "NET_ADMIN"]
+    # A seccomp profile of its own (docker's default refuses pivot_root) rather than none, and it exists.
+    (seccomp,) = [opt.split("=", 1)[1] for opt in reward["security_opt"] if opt.startswith("seccomp=")]
+    profile = json.loads((COMPOSE_FILE.parent / seccomp).read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and profile["syscalls"]
+    # Only a memory cgroup of the sandbox's own is writable, never the host's whole hierarchy.
+    (cgroup,) = [m for m in reward["volumes"] if m.endswith(":rw")]
+    assert re.fullmatch(r"\$\{ZB_SANDBOX_CGROUP:-/sys/fs/cgroup/memory/zerobubble-sandbox\}:.*", cgroup), cgroup
     for name, service in compose["services"].items():
         assert not service.get("privileged"), name
         assert name == "reward" or "cap_add" not in service, name

@@ -2,8 +2,8 @@
 unknown fields), and the manifests agree with the service configs they mount (deploy/compose/).
 
 Not validated: anything a cluster decides at apply time (admission, the storage class behind a claim, whether a
-hostPath and an unconfined seccomp profile are allowed, the NVIDIA device plugin's nvidia.com/gpu), and the pods'
-behaviour."""
+hostPath and a node's local seccomp profile are allowed and present, the NVIDIA device plugin's nvidia.com/gpu),
+and the pods' behaviour."""
 
 from __future__ import annotations
 
@@ -66,7 +66,9 @@ def test_reward_is_not_privileged_and_gpus_go_to_trainer_and_rollout():
         assert not security.get("privileged"), name
         gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
         assert (gpus == 1) == (name in ("trainer", "rollout")), name
-    assert containers()["reward"]["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN", "NET_ADMIN"]
+    security = containers()["reward"]["securityContext"]
+    assert security["capabilities"]["add"] == ["SYS_ADMIN", "NET_ADMIN"]
+    assert security["seccompProfile"] == {"type": "Localhost", "localhostProfile": "zerobubble/reward.json"}
 
 
 def test_each_rollout_replica_has_its_own_worker_id():
