@@ -124,6 +124,10 @@ class TrainingLoop:
         self.weight_bytes = 0
         self.started = time.monotonic()
         self.tracker = Tracker(config, active=strategy.rank == 0)
+        if broadcaster is not None:
+            # Published weights are copied while the next step's forward and backward run; its update waits
+            # for the copy before it changes the live weights the copy reads.
+            update.before_step = broadcaster.wait_copied
 
     @property
     def groups_per_rank(self) -> int:
@@ -326,7 +330,7 @@ class TrainingLoop:
             weights = list(self.strategy.full_state_dict())
         self.weight_bytes = sum(t.numel() * t.element_size() for _, t in weights)
         if self.broadcaster is not None:
-            self.broadcaster.publish(weights, self.policy_version)
+            self.broadcaster.publish(weights, self.policy_version, copy_later=True)
 
     def _record(self, figures: dict[str, float], groups: list[common_pb2.ExperienceGroup],
                 trained: list[str]) -> None:
