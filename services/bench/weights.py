@@ -192,6 +192,7 @@ class _Step:
     # The training thread's CPU time: all of the step's compute with one torch thread, and unlike the wall
     # time not stretched by other processes taking the cores.
     cpu_seconds: float
+    copy_wait_seconds: float = 0.0  # part of the step spent waiting, before its optimizer step, for the copy
 
     @property
     def seconds(self) -> float:
@@ -201,13 +202,19 @@ class _Step:
         return sum(max(0.0, min(self.ended, end) - max(self.started, begin)) for begin, end in spans)
 
 
-def _train_steps(model: torch.nn.Module, optimizer, batch: torch.Tensor, steps: int, publish=None) -> list[_Step]:
-    """`steps` updates; `publish` (if any) runs at the end of each, as a trainer publishes after its update."""
+def _train_steps(model: torch.nn.Module, optimizer, batch: torch.Tensor, steps: int, publish=None,
+                 before_step=None) -> list[_Step]:
+    """`steps` updates; `publish` (if any) runs at the end of each, as a trainer publishes after its update, and
+    `before_step` before each optimizer step, as the trainer's update waits there for the last publish's copy."""
     timed = []
     for _ in range(steps):
         started, cpu_started = time.perf_counter(), time.thread_time()
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
+        waited = time.perf_counter()
+        if before_step is not None:
+            before_step()
+        waited = time.perf_counter() - waited
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         publish_seconds = 0.0
@@ -215,7 +222,7 @@ def _train_steps(model: torch.nn.Module, optimizer, batch: torch.Tensor, steps: 
             begun = time.perf_counter()
             publish()
             publish_seconds = time.perf_counter() - begun
-        timed.append(_Step(started, time.perf_counter(), publish_seconds, time.thread_time() - cpu_started))
+        timed.append(_Step(started, time.perf_counter(), publish_seconds, time.thread_time() - cpu_started, waited))
     return timed
 
 
@@ -224,29 +231,31 @@ def _spread(values: list[float]) -> dict:
     return {"min": min(values), "q1": quartiles[0], "median": median(values), "q3": quartiles[2], "max": max(values)}
 
 
-def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: int, sync_dtype: torch.dtype,
-                  bucket_mb: float, threads: int) -> dict:
+def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: int, bucket_mb: float,
+                  threads: int) -> dict:
     """Train steps with and without a sync in the background, in alternating phases (without/with, then
     with/without, ...) so drift and load from elsewhere fall on both alike; the receiver process and the
-    broadcaster are up in both, and nothing is in flight when a phase without sync starts."""
+    broadcaster are up in both, and nothing is in flight when a phase without sync starts. Published as the
+    trainer does: the live fp32 weights, copied on the broadcaster's thread, the optimizer step waiting for it."""
     model = build_model(size, torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     batch = torch.randint(0, model.config.vocab_size, (batch_size, seq_len))
 
-    bench = _SyncBench(bucket_mb, _RecordingBroadcaster).spawn_receiver(size, sync_dtype, threads)
+    bench = _SyncBench(bucket_mb, _RecordingBroadcaster).spawn_receiver(size, torch.float32, threads)
     broadcaster = bench.broadcaster
     versions = iter(range(1_000_000))
 
     def publish() -> None:
-        broadcaster.publish(((name, p.detach().to(sync_dtype)) for name, p in model.named_parameters()),
-                            next(versions))
+        broadcaster.publish(((name, p.detach()) for name, p in model.named_parameters()), next(versions),
+                            copy_later=True)
 
     def phase(with_sync: bool, count: int) -> list[_Step]:
         if not with_sync:
             return _train_steps(model, optimizer, batch, count)
         publish()  # in flight from the first measured step on
-        timed = _train_steps(model, optimizer, batch, count, publish)
+        timed = _train_steps(model, optimizer, batch, count, publish, broadcaster.wait_copied)
+        broadcaster.wait_copied()
         broadcaster.wait_synced(broadcaster.status()["published_version"], TIMEOUT_S)
         while broadcaster.status()["sending_version"] != -1:  # the sender thread is done with it, span noted
             time.sleep(0.001)
@@ -288,6 +297,7 @@ def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: 
         "step_cpu_seconds": cpu_seconds, "step_cpu_seconds_with_sync": cpu_seconds_with_sync,
         "cpu_slowdown": cpu_seconds_with_sync / cpu_seconds,
         "publish_seconds": median(step.publish_seconds for step in synced),
+        "copy_wait_seconds": median(step.copy_wait_seconds for step in synced),
         "sync_seconds": median(end - begin for begin, end in spans),
         "end_to_end_sync_seconds": first_sync,
         "versions_synced_while_training": len(spans),
@@ -539,8 +549,7 @@ def bench_weights(sizes: list[str], repeats: int = 3, dtype: str = "bfloat16", b
         return {
             "dtype": dtype, "bucket_mb": bucket_mb, "repeats": repeats, "torch_threads": torch.get_num_threads(),
             "broadcast": [_measure_size(size, torch_dtype, bucket_mb, repeats) for size in sizes],
-            "train_step": _measure_step(step_size, rounds, steps, batch_size, seq_len, torch_dtype, bucket_mb,
-                                        threads),
+            "train_step": _measure_step(step_size, rounds, steps, batch_size, seq_len, bucket_mb, threads),
             "fanout": _measure_fanout(fanout_size or sizes[0], list(fanout_receivers), torch_dtype, repeats,
                                       bucket_mb),
             "lora": _measure_lora(lora_size, lora_rank, repeats, bucket_mb, threads),
@@ -563,7 +572,7 @@ def register_bench(bench_subparsers) -> None:
     parser.add_argument("--sizes", default="125m,500m", help=f"comma-separated, from {', '.join(SIZES)}")
     parser.add_argument("--repeats", type=int, default=3, help="broadcasts per mode and size (the median is reported)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
-                        help="dtype of the broadcast weights")
+                        help="dtype of the broadcast weights (the train step publishes fp32, as the trainer)")
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     parser.add_argument("--step-size", help="model size of the train-step measurement (default: the first size)")
     parser.add_argument("--rounds", type=int, default=8,
