@@ -18,6 +18,7 @@ the real broadcaster to a worker process whose transformers engine applies it, a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -383,8 +384,11 @@ def _fanout_child(port: int, rank: int, world: int, nbytes: int, rounds: int, ad
             _send(group, [flat], one_at_a_time=False)
             _barrier(group)
         _barrier(group)  # the parent's last sync is acknowledged: leaving now drops nobody mid-version
-        del group  # destroyed here, not at interpreter exit, where gloo's threads abort the process
         receiver.close()
+    # Everything is measured and acknowledged: exit without the interpreter's teardown, in which destroying the
+    # two gloo groups' threads may abort the process.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 @dataclass
