@@ -560,6 +560,11 @@ def bench_weights(sizes: list[str], repeats: int = 3, dtype: str = "bfloat16", b
         }
     finally:
         torch.set_num_threads(threads_before)
+        # Groups given up are destroyed on threads of their own (retire_group); one still being destroyed when
+        # the interpreter exits aborts the process.
+        for thread in threading.enumerate():
+            if thread.name == "retire-group":
+                thread.join(TIMEOUT_S)
 
 
 def _measure(args) -> dict:
