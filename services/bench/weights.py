@@ -168,6 +168,7 @@ def _receiver_child(address: str, size: str, dtype_name: str, threads: int) -> N
         while not done.wait(0.01):
             receiver.apply_to(engine)
         receiver.close()
+    _exit_now()
 
 
 class _RecordingBroadcaster(WeightBroadcaster):
@@ -385,9 +386,14 @@ def _fanout_child(port: int, rank: int, world: int, nbytes: int, rounds: int, ad
             _barrier(group)
         _barrier(group)  # the parent's last sync is acknowledged: leaving now drops nobody mid-version
         receiver.close()
-    # Everything is measured and acknowledged: exit without the interpreter's teardown, in which destroying the
-    # two gloo groups' threads may abort the process.
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """A bench receiver's exit once everything is measured and acknowledged: without the interpreter's teardown,
+    in which destroying a gloo group's threads may abort the process."""
     sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0)
 
 
