@@ -1,5 +1,7 @@
 """`zerobubble bench pipeline`: the demo pipeline (every service its own process, as `zerobubble up` runs
-it) twice on the same budget, strictly on-policy (max_staleness 0) and asynchronous (max_staleness N).
+it) three times on the same budget: strictly on-policy (max_staleness 0), asynchronous (max_staleness N), and
+asynchronous with the trainer's prefetch (batch.prefetch: the next step's groups pulled while a step trains),
+against the asynchronous run without it as its baseline in the same run.
 
 Figures per mode:
 
@@ -7,7 +9,16 @@ Figures per mode:
   samples of every row over the time from the start of the first update (the first row's time less its
   step_seconds; a row is written at the end of its step) to the last row's time. With one step only it is
   that step's update speed, which leaves out all waiting: read it beside `steps`.
-- trainer_idle_fraction: the trainer's own figure in its last row (time waiting for experience / its wall).
+- trainer_idle_fraction: the trainer's own figure in its last row (time waiting for experience / its wall,
+  from its start, so the wait for the very first groups counts).
+- trainer_time: where the trainer's time went over the training phase (as samples_per_s; the first step's
+  wait, before it, is left out), as fractions of it, from the steps' own figures: waiting for groups,
+  collating, the update (forward, backward, optimizer, and the recompute forward where there is one),
+  publishing the weights to the broadcaster, and the rest (recording the step, checkpoints).
+- cpu_cores_used: the CPU seconds of each service's process over the training phase divided by its length
+  (1.0 is one core kept busy), and load_average: the machine's 1-minute load when the mode began and ended.
+  With the trainer's and workers' cores adding up to the machine's, the trainer's wait is the cores' (the
+  workers generate as fast as the cores that are left allow), not the pipeline's.
 - rollout_idle_fraction: 1 - (engine seconds / wall) per worker, averaged over workers, scraped from the
   workers' Prometheus ports (zerobubble_rollout_batch_seconds_sum) between the first scrape that shows a
   generated batch and the first that shows the last one (exact to within one batch). The wall is the span
@@ -24,6 +35,7 @@ Figures per mode:
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 import urllib.request
@@ -34,6 +46,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from zerobubble.bench.cpu import process_cpu_seconds
 from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.config import load_config
 from zerobubble.launcher.assets import RunAssets, prepare_assets
@@ -88,28 +101,53 @@ class WorkerWatch:
 
 
 class ScrapingProgress:
-    """Stands in for the launcher's progress line: Run.watch calls refresh() every half second."""
+    """Stands in for the launcher's progress line: Run.watch calls refresh() every half second. Besides the
+    workers' metrics it samples every service process's CPU seconds, on the clock of the trainer's rows."""
 
-    def __init__(self, workers: list[ServiceProcess]):
-        self.watches = [WorkerWatch(process) for process in workers]
+    def __init__(self, services: list[ServiceProcess]):
+        self.watches = [WorkerWatch(process) for process in services if process.service == "rollout"]
+        self.services = services
+        self.cpu: dict[str, list[tuple[float, float]]] = {process.name: [] for process in services}
 
     def refresh(self) -> None:
         for watch in self.watches:
             watch.poll()
+        now = time.time()
+        for process in self.services:
+            if process.process is not None and (seconds := process_cpu_seconds(process.process.pid)) is not None:
+                self.cpu[process.name].append((now, seconds))
+
+    def cores_used(self, start: float, end: float) -> dict[str, float]:
+        """Each service's CPU seconds between its first and last sample within [start, end], over their distance."""
+        used = {}
+        for name, samples in self.cpu.items():
+            inside = [(t, cpu) for t, cpu in samples if start <= t <= end]
+            if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
+                used[name] = round((inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]), 3)
+        return used
+
+
+STEP_PARTS = ("collate_seconds", "update_seconds", "publish_seconds")
 
 
 def training_figures(metrics_path: Path) -> dict[str, Any]:
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     if not rows:
         raise RuntimeError(f"{metrics_path}: no training step was recorded")
-    seconds = rows[-1]["time"] - (rows[0]["time"] - rows[0]["step_seconds"])
+    started = rows[0]["time"] - rows[0]["step_seconds"]
+    seconds = rows[-1]["time"] - started
     samples = sum(row["samples"] for row in rows)
+    waiting = sum(row["pull_wait_seconds"] for row in rows[1:])
+    parts = {part.removesuffix("_seconds"): sum(row[part] for row in rows) for part in STEP_PARTS}
+    time_split = {"waiting": waiting, **parts, "other": seconds - waiting - sum(parts.values())}
     return {
         "steps": len(rows),
         "samples_trained": int(samples),
         "training_seconds": round(seconds, 2),
+        "training_span": (started, rows[-1]["time"]),
         "samples_per_s": round(samples / seconds, 2),
         "trainer_idle_fraction": round(rows[-1]["trainer_idle_fraction"], 3),
+        "trainer_time": {name: round(value / seconds, 3) for name, value in time_split.items()},
         "staleness_mean": round(sum(row["staleness_mean"] for row in rows) / len(rows), 3),
         "staleness_max": max(row["staleness_max"] for row in rows),
     }
@@ -140,9 +178,10 @@ def first_prompts(train: Path, count: int, out: Path) -> Path:
 def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
     """One pipeline run to the trainer's end; its figures."""
     run = Run(config, tether=Tether.hold(config.run_dir))
+    load_before = os.getloadavg()[0]
     try:
         trainer = run.launch(assets)
-        progress = ScrapingProgress([p for p in run.services if p.service == "rollout"])
+        progress = ScrapingProgress(run.services)
         run.watch(trainer, progress)
         progress.refresh()
         buffer = next(p for p in run.services if p.service == "buffer")
@@ -150,15 +189,25 @@ def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
             stats = client.stats()
     finally:
         run.stop_all()
+    training = training_figures(config.run_dir / "trainer" / "metrics.jsonl")
+    cores = progress.cores_used(*training.pop("training_span"))
     return {
         "max_staleness": config.pipeline.max_staleness,
-        **training_figures(config.run_dir / "trainer" / "metrics.jsonl"),
+        "prefetch": config.trainer["batch"]["prefetch"],
+        **training,
+        "cpu_cores_used": {**cores, "all": round(sum(cores.values()), 3)},
+        "machine_cores": os.cpu_count(),
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         **rollout_figures(progress.watches),
         "groups_generated": stats.groups_in + stats.filtered,
         "groups_delivered": stats.groups_out,
         "filtered": stats.filtered,
         "stale_dropped": stats.stale_dropped,
     }
+
+
+# name, asynchronous, the trainer's prefetch
+MODES = (("on_policy", False, False), ("async", True, False), ("async_with_prefetch", True, True))
 
 
 def bench_pipeline(*, prompts: int = 64, epochs: int = 1, workers: int = 1, max_new_tokens: int = 16,
@@ -194,13 +243,19 @@ def bench_pipeline(*, prompts: int = 64, epochs: int = 1, workers: int = 1, max_
         figures["warm_start_steps"] = base.tiny_model.warm_start_steps
         figures["groups_per_step"] = base.trainer.get("batch", {}).get("groups_per_step")
         figures["num_generations"] = base.pipeline.num_generations
-        for mode, staleness in (("on_policy", 0), ("async", async_staleness)):
+        for mode, asynchronous, prefetch in MODES:
             config = load_config(UpConfig, DEMO_CONFIG, {
-                **overrides, "run_dir": str(Path(scratch) / mode), "pipeline.max_staleness": staleness,
+                **overrides, "run_dir": str(Path(scratch) / mode),
+                "pipeline.max_staleness": async_staleness if asynchronous else 0, "trainer.batch.prefetch": prefetch,
             })
             figures[mode] = run_mode(config, assets)
     figures["async_vs_on_policy_samples_per_s"] = round(
         figures["async"]["samples_per_s"] / figures["on_policy"]["samples_per_s"], 3)
+    without, prefetched = figures["async"], figures["async_with_prefetch"]
+    figures["prefetch_vs_without_samples_per_s"] = round(prefetched["samples_per_s"] / without["samples_per_s"], 3)
+    figures["prefetch_vs_without_waiting"] = (
+        round(prefetched["trainer_time"]["waiting"] / without["trainer_time"]["waiting"], 3)
+        if without["trainer_time"]["waiting"] > 0 else None)
     return figures
 
 

@@ -7,6 +7,10 @@ model. Then what a sync running in the background costs a training step (forward
 the first size: steps without and with a publish after every step (through the real broadcaster,
 trainer service and weight receiver), in alternating phases with a fixed number of torch threads,
 reported as medians with their spread, and with how many of the steps a sync actually overlapped.
+Then the fan-out: the sync of one size to 1, 2, 4 and 8 worker processes (the real broadcaster and weight
+receivers, the engines left out), each round against one flat torch.distributed broadcast of the same bytes to the
+same processes over a plain gloo group, alternating, with the CPU seconds every process spent in each (how many
+of the machine's cores the transfer kept busy).
 Last, LoRA on the demo's tiny model: a sync of the adapters alone against a sync of the full weights, each through
 the real broadcaster to a worker process whose transformers engine applies it, and each engine's time to apply one.
 """
@@ -14,12 +18,13 @@ the real broadcaster to a worker process whose transformers engine applies it, a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from statistics import median, quantiles
@@ -28,6 +33,7 @@ import torch
 from torch.distributed import TCPStore
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from zerobubble.bench.cpu import process_cpu_seconds
 from zerobubble.common.weight_sync import MIB, Manifest, form_group, start_broadcast, wait_broadcast
 from zerobubble.trainer.broadcaster import WeightBroadcaster
 from zerobubble.trainer.lora_config import LoraConfig
@@ -162,6 +168,7 @@ def _receiver_child(address: str, size: str, dtype_name: str, threads: int) -> N
         while not done.wait(0.01):
             receiver.apply_to(engine)
         receiver.close()
+    _exit_now()
 
 
 class _RecordingBroadcaster(WeightBroadcaster):
@@ -187,6 +194,7 @@ class _Step:
     # The training thread's CPU time: all of the step's compute with one torch thread, and unlike the wall
     # time not stretched by other processes taking the cores.
     cpu_seconds: float
+    copy_wait_seconds: float = 0.0  # part of the step spent waiting, before its optimizer step, for the copy
 
     @property
     def seconds(self) -> float:
@@ -196,13 +204,19 @@ class _Step:
         return sum(max(0.0, min(self.ended, end) - max(self.started, begin)) for begin, end in spans)
 
 
-def _train_steps(model: torch.nn.Module, optimizer, batch: torch.Tensor, steps: int, publish=None) -> list[_Step]:
-    """`steps` updates; `publish` (if any) runs at the end of each, as a trainer publishes after its update."""
+def _train_steps(model: torch.nn.Module, optimizer, batch: torch.Tensor, steps: int, publish=None,
+                 before_step=None) -> list[_Step]:
+    """`steps` updates; `publish` (if any) runs at the end of each, as a trainer publishes after its update, and
+    `before_step` before each optimizer step, as the trainer's update waits there for the last publish's copy."""
     timed = []
     for _ in range(steps):
         started, cpu_started = time.perf_counter(), time.thread_time()
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
+        waited = time.perf_counter()
+        if before_step is not None:
+            before_step()
+        waited = time.perf_counter() - waited
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         publish_seconds = 0.0
@@ -210,7 +224,7 @@ def _train_steps(model: torch.nn.Module, optimizer, batch: torch.Tensor, steps: 
             begun = time.perf_counter()
             publish()
             publish_seconds = time.perf_counter() - begun
-        timed.append(_Step(started, time.perf_counter(), publish_seconds, time.thread_time() - cpu_started))
+        timed.append(_Step(started, time.perf_counter(), publish_seconds, time.thread_time() - cpu_started, waited))
     return timed
 
 
@@ -219,29 +233,31 @@ def _spread(values: list[float]) -> dict:
     return {"min": min(values), "q1": quartiles[0], "median": median(values), "q3": quartiles[2], "max": max(values)}
 
 
-def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: int, sync_dtype: torch.dtype,
-                  bucket_mb: float, threads: int) -> dict:
+def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: int, bucket_mb: float,
+                  threads: int) -> dict:
     """Train steps with and without a sync in the background, in alternating phases (without/with, then
     with/without, ...) so drift and load from elsewhere fall on both alike; the receiver process and the
-    broadcaster are up in both, and nothing is in flight when a phase without sync starts."""
+    broadcaster are up in both, and nothing is in flight when a phase without sync starts. Published as the
+    trainer does: the live fp32 weights, copied on the broadcaster's thread, the optimizer step waiting for it."""
     model = build_model(size, torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     batch = torch.randint(0, model.config.vocab_size, (batch_size, seq_len))
 
-    bench = _SyncBench(size, sync_dtype, bucket_mb, threads, _RecordingBroadcaster)
+    bench = _SyncBench(bucket_mb, _RecordingBroadcaster).spawn_receiver(size, torch.float32, threads)
     broadcaster = bench.broadcaster
     versions = iter(range(1_000_000))
 
     def publish() -> None:
-        broadcaster.publish(((name, p.detach().to(sync_dtype)) for name, p in model.named_parameters()),
-                            next(versions))
+        broadcaster.publish(((name, p.detach()) for name, p in model.named_parameters()), next(versions),
+                            copy_later=True)
 
     def phase(with_sync: bool, count: int) -> list[_Step]:
         if not with_sync:
             return _train_steps(model, optimizer, batch, count)
         publish()  # in flight from the first measured step on
-        timed = _train_steps(model, optimizer, batch, count, publish)
+        timed = _train_steps(model, optimizer, batch, count, publish, broadcaster.wait_copied)
+        broadcaster.wait_copied()
         broadcaster.wait_synced(broadcaster.status()["published_version"], TIMEOUT_S)
         while broadcaster.status()["sending_version"] != -1:  # the sender thread is done with it, span noted
             time.sleep(0.001)
@@ -283,6 +299,7 @@ def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: 
         "step_cpu_seconds": cpu_seconds, "step_cpu_seconds_with_sync": cpu_seconds_with_sync,
         "cpu_slowdown": cpu_seconds_with_sync / cpu_seconds,
         "publish_seconds": median(step.publish_seconds for step in synced),
+        "copy_wait_seconds": median(step.copy_wait_seconds for step in synced),
         "sync_seconds": median(end - begin for begin, end in spans),
         "end_to_end_sync_seconds": first_sync,
         "versions_synced_while_training": len(spans),
@@ -294,10 +311,9 @@ def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: 
 
 
 class _SyncBench:
-    """The real broadcaster and trainer service, and one worker process following them."""
+    """The real broadcaster and trainer service, and the worker processes following them."""
 
-    def __init__(self, model: str, dtype: torch.dtype, bucket_mb: float, threads: int,
-                 broadcaster: type[WeightBroadcaster] = WeightBroadcaster):
+    def __init__(self, bucket_mb: float, broadcaster: type[WeightBroadcaster] = WeightBroadcaster):
         from zerobubble.common.config import ServerConfig
         from zerobubble.common.server import ServiceHost
         from zerobubble.trainer.servicer import SERVICE, TrainerServicer
@@ -308,18 +324,30 @@ class _SyncBench:
         self.host.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
                       TrainerServicer(self.broadcaster, _NoTraining()), SERVICE.full_name)
         self.host.start()
-        self.child = subprocess.Popen([sys.executable, "-m", __name__, "receiver", self.host.address, model,
-                                       str(dtype).split(".")[-1], str(threads)], stdin=subprocess.PIPE)
+        self.children: list[subprocess.Popen] = []
         self.version = 0
 
+    def spawn_receiver(self, model: str, dtype: torch.dtype, threads: int) -> _SyncBench:
+        """One worker loading every version into an engine (see _receiver_child); it leaves when its stdin closes."""
+        self.children.append(subprocess.Popen([sys.executable, "-m", __name__, "receiver", self.host.address, model,
+                                               str(dtype).split(".")[-1], str(threads)], stdin=subprocess.PIPE))
+        return self
+
+    def spawn_fanout(self, store_port: int, receivers: int, nbytes: int, rounds: int) -> None:
+        for rank in range(1, receivers + 1):
+            self.children.append(subprocess.Popen([sys.executable, "-m", __name__, "fanout", str(store_port),
+                                                   str(rank), str(receivers + 1), str(nbytes), str(rounds),
+                                                   self.host.address]))
+
     def wait_member(self) -> None:
-        while self.broadcaster.members != ["bench-receiver"]:
-            if self.child.poll() is not None:
-                raise RuntimeError(f"bench receiver exited with {self.child.returncode} before joining")
+        while len(self.broadcaster.members) < len(self.children):
+            for child in self.children:
+                if child.poll() is not None:
+                    raise RuntimeError(f"bench receiver exited with {child.returncode} before joining")
             time.sleep(0.05)
 
     def sync(self, named: list[tuple[str, torch.Tensor]]) -> float:
-        """Seconds from publishing a version to the worker's acknowledgement of it."""
+        """Seconds from publishing a version to every worker's acknowledgement of it."""
         self.version += 1
         started = time.perf_counter()
         self.broadcaster.publish(named, self.version)
@@ -328,10 +356,130 @@ class _SyncBench:
         return time.perf_counter() - started
 
     def close(self) -> None:
-        self.child.stdin.close()
-        self.child.wait(timeout=60)
+        failed = []
+        for child in self.children:
+            if child.stdin is not None:
+                child.stdin.close()
+            if child.wait(timeout=60) != 0:
+                failed.append(child.returncode)
         self.host.stop(0)
         self.broadcaster.close()
+        if failed:
+            raise RuntimeError(f"bench receivers exited with {failed}")
+
+
+def _fanout_child(port: int, rank: int, world: int, nbytes: int, rounds: int, address: str) -> None:
+    """Receiver `rank` of the fan-out: every round one flat broadcast on the bench's own gloo group, and meanwhile
+    a WeightReceiver following the broadcaster; what it receives is not loaded, so both modes move bytes alone."""
+    from zerobubble.common.clients.trainer import TrainerClient
+    from zerobubble.rollout.weight_receiver import WeightReceiver
+
+    torch.set_num_threads(1)
+    store = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S))
+    flat = torch.empty(nbytes, dtype=torch.uint8)
+    with TrainerClient(address) as client:
+        receiver = WeightReceiver(client, f"fanout-{rank}").start()
+        group = form_group(store, 0, rank, world, backend="gloo", timeout_s=TIMEOUT_S, address="127.0.0.1")
+        for _ in range(rounds):
+            _barrier(group)
+            _send(group, [flat], one_at_a_time=False)
+            _barrier(group)
+        _barrier(group)  # the parent's last sync is acknowledged: leaving now drops nobody mid-version
+        receiver.close()
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """A bench receiver's exit once everything is measured and acknowledged: without the interpreter's teardown,
+    in which destroying a gloo group's threads may abort the process."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+@dataclass
+class _CpuSpan:
+    """Wall and CPU seconds of the trainer process and of each receiver over one transfer."""
+
+    pids: list[int]
+    wall: float = 0.0
+    trainer: float = 0.0
+    receivers: list[float] = field(default_factory=list)
+
+    def __enter__(self) -> _CpuSpan:
+        self._started = (time.perf_counter(), time.process_time(), [process_cpu_seconds(p) for p in self.pids])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall, trainer, receivers = self._started
+        self.wall = time.perf_counter() - wall
+        self.trainer = time.process_time() - trainer
+        self.receivers = [process_cpu_seconds(p) - before for p, before in zip(self.pids, receivers, strict=True)]
+
+
+def _cpu_figures(spans: list[_CpuSpan]) -> dict:
+    """Medians over the rounds: CPU seconds of the trainer, of a receiver (mean over receivers), of all processes,
+    and the cores that kept busy on average (all CPU seconds over the wall)."""
+    total = [span.trainer + sum(span.receivers) for span in spans]
+    return {
+        "trainer_cpu_seconds": median(span.trainer for span in spans),
+        "receiver_cpu_seconds": median(sum(span.receivers) / len(span.receivers) for span in spans),
+        "total_cpu_seconds": median(total),
+        "cores_busy": median(cpu / span.wall for cpu, span in zip(total, spans, strict=True)),
+    }
+
+
+def _measure_fanout_count(named: list[tuple[str, torch.Tensor]], receivers: int, repeats: int,
+                          bucket_mb: float) -> dict:
+    nbytes = Manifest.plan(named, int(bucket_mb * MIB)).total_bytes
+    rounds = repeats + 1  # the first round warms both paths (buffers, connections) and is not counted
+    bench = _SyncBench(bucket_mb)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S))
+    bench.spawn_fanout(store.port, receivers, nbytes, rounds)
+    flat = [torch.empty(nbytes, dtype=torch.uint8)]
+    pids = [child.pid for child in bench.children]
+    flat_spans, sync_spans, sync_seconds = [], [], []
+    try:
+        group = form_group(store, 0, 0, receivers + 1, backend="gloo", timeout_s=TIMEOUT_S, address="127.0.0.1")
+        bench.wait_member()
+        bench.sync(named)  # forms the broadcaster's group
+        for _ in range(rounds):
+            _barrier(group)
+            with _CpuSpan(pids) as flat_span:
+                _send(group, flat, one_at_a_time=False)
+                _barrier(group)
+            with _CpuSpan(pids) as sync_span:
+                bench.sync(named)
+            flat_spans.append(flat_span)
+            sync_spans.append(sync_span)
+            sync_seconds.append(bench.broadcaster.status()["last_sync_seconds"])
+        _barrier(group)
+    finally:
+        bench.close()
+    flat_spans, sync_spans, sync_seconds = flat_spans[1:], sync_spans[1:], sync_seconds[1:]
+    flat_seconds = median(span.wall for span in flat_spans)
+    end_to_end = median(span.wall for span in sync_spans)
+    return {
+        "receivers": receivers, "bytes": nbytes,
+        "flat_seconds": flat_seconds,
+        "sync_seconds": median(sync_seconds),
+        "end_to_end_sync_seconds": end_to_end,
+        "limit_ratio": flat_seconds / median(sync_seconds),
+        "end_to_end_limit_ratio": flat_seconds / end_to_end,
+        "flat_cpu": _cpu_figures(flat_spans),
+        "sync_cpu": _cpu_figures(sync_spans),
+    }
+
+
+def _measure_fanout(size: str, counts: list[int], dtype: torch.dtype, repeats: int, bucket_mb: float) -> dict:
+    """The sync against the flat broadcast of its bytes for each receiver count, and how both grow with it."""
+    named = [(name, p.detach().to(dtype)) for name, p in build_model(size, torch.float32).named_parameters()]
+    per_count = [_measure_fanout_count(named, count, repeats, bucket_mb) for count in counts]
+    first = per_count[0]
+    for figures in per_count:
+        figures["flat_growth"] = figures["flat_seconds"] / first["flat_seconds"]
+        figures["sync_growth"] = figures["sync_seconds"] / first["sync_seconds"]
+    return {"size": size, "counts": per_count, "worst_limit_ratio": min(c["limit_ratio"] for c in per_count)}
 
 
 def _timed_load(engine, named: list[tuple[str, torch.Tensor]], repeats: int) -> float:
@@ -362,7 +510,7 @@ def _measure_lora(tiny_size: str, rank: int, repeats: int, bucket_mb: float, thr
                     p.normal_(std=0.01)  # a trained adapter: B is zero only at the start
         adapter = list(adapter_weights(adapted))
         modes = {"full": full, "adapter": adapter}
-        bench = _SyncBench(str(model_dir), torch.float32, bucket_mb, threads)
+        bench = _SyncBench(bucket_mb).spawn_receiver(str(model_dir), torch.float32, threads)
         try:
             bench.wait_member()
             sync_seconds = {}
@@ -396,9 +544,12 @@ class _NoTraining:
 
 def bench_weights(sizes: list[str], repeats: int = 3, dtype: str = "bfloat16", bucket_mb: float = 256.0,
                   step_size: str | None = None, rounds: int = 8, steps: int = 2, batch_size: int = 2,
-                  seq_len: int = 64, threads: int = 1, lora_size: str = "1m", lora_rank: int = 8) -> dict:
+                  seq_len: int = 64, threads: int = 1, lora_size: str = "1m", lora_rank: int = 8,
+                  fanout_size: str | None = None, fanout_receivers: tuple[int, ...] = (1, 2, 4, 8)) -> dict:
     if min(rounds, steps, threads) < 1:
         raise ValueError(f"rounds, steps and threads must be at least 1, not {rounds}, {steps}, {threads}")
+    if not fanout_receivers or min(fanout_receivers) < 1:
+        raise ValueError(f"fanout_receivers must be counts of at least 1, not {fanout_receivers}")
     torch_dtype = getattr(torch, dtype)
     step_size = step_size or sizes[0]
     threads_before = torch.get_num_threads()
@@ -408,19 +559,26 @@ def bench_weights(sizes: list[str], repeats: int = 3, dtype: str = "bfloat16", b
         return {
             "dtype": dtype, "bucket_mb": bucket_mb, "repeats": repeats, "torch_threads": torch.get_num_threads(),
             "broadcast": [_measure_size(size, torch_dtype, bucket_mb, repeats) for size in sizes],
-            "train_step": _measure_step(step_size, rounds, steps, batch_size, seq_len, torch_dtype, bucket_mb,
-                                        threads),
+            "train_step": _measure_step(step_size, rounds, steps, batch_size, seq_len, bucket_mb, threads),
+            "fanout": _measure_fanout(fanout_size or sizes[0], list(fanout_receivers), torch_dtype, repeats,
+                                      bucket_mb),
             "lora": _measure_lora(lora_size, lora_rank, repeats, bucket_mb, threads),
         }
     finally:
         torch.set_num_threads(threads_before)
+        # Groups given up are destroyed on threads of their own (retire_group); one still being destroyed when
+        # the interpreter exits aborts the process.
+        for thread in threading.enumerate():
+            if thread.name == "retire-group":
+                thread.join(TIMEOUT_S)
 
 
 def _measure(args) -> dict:
     return bench_weights([s.strip() for s in args.sizes.split(",") if s.strip()], repeats=args.repeats,
                          dtype=args.dtype, bucket_mb=args.bucket_mb, step_size=args.step_size, rounds=args.rounds,
                          steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, threads=args.threads,
-                         lora_size=args.lora_size, lora_rank=args.lora_rank)
+                         lora_size=args.lora_size, lora_rank=args.lora_rank, fanout_size=args.fanout_size,
+                         fanout_receivers=tuple(int(n) for n in args.fanout_receivers.split(",") if n.strip()))
 
 
 def register_bench(bench_subparsers) -> None:
@@ -429,7 +587,7 @@ def register_bench(bench_subparsers) -> None:
     parser.add_argument("--sizes", default="125m,500m", help=f"comma-separated, from {', '.join(SIZES)}")
     parser.add_argument("--repeats", type=int, default=3, help="broadcasts per mode and size (the median is reported)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
-                        help="dtype of the broadcast weights")
+                        help="dtype of the broadcast weights (the train step publishes fp32, as the trainer)")
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     parser.add_argument("--step-size", help="model size of the train-step measurement (default: the first size)")
     parser.add_argument("--rounds", type=int, default=8,
@@ -439,6 +597,9 @@ def register_bench(bench_subparsers) -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads of the trainer and of the receiver (torch.set_num_threads)")
+    parser.add_argument("--fanout-size", help="model size of the fan-out to several workers (default: the first size)")
+    parser.add_argument("--fanout-receivers", default="1,2,4,8",
+                        help="comma-separated worker counts of the fan-out, each against a flat broadcast to as many")
     parser.add_argument("--lora-size", default="1m",
                         help="tiny model size of the adapter-vs-full sync (1m: the demo's)")
     parser.add_argument("--lora-rank", type=int, default=8, help="LoRA rank of that comparison")
@@ -448,5 +609,7 @@ def register_bench(bench_subparsers) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "raw":
         _raw_child(int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5]), int(sys.argv[6]))
+    elif sys.argv[1] == "fanout":
+        _fanout_child(*map(int, sys.argv[2:7]), sys.argv[7])
     else:
         _receiver_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))

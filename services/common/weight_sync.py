@@ -35,7 +35,6 @@ from zerobubble.v1 import trainer_pb2
 MIB = 1024 * 1024
 # Every slot starts on a multiple of this, so a view of the byte bucket as any dtype is legal (and aligned).
 ALIGN = 64
-WORK_POLL_S = 0.001
 ABANDON_POLL_S = 0.02
 RETIRE_WAIT_S = 600.0
 GO = b"go"
@@ -216,18 +215,35 @@ def wait_broadcast(works: Sequence[dist.Work], *, abandoned: Callable[[], bool] 
 
     Takes the works, not the group, so no exception traceback keeps a group alive (see retire_group)."""
     if abandoned is not None:
-        next_check = 0.0
-        while not all(work.is_completed() for work in works):
-            now = time.monotonic()
-            if now >= next_check:
-                if abandoned():
-                    raise GroupAbandoned("the trainer gave this group epoch up")
-                next_check = now + ABANDON_POLL_S
-            time.sleep(WORK_POLL_S)
+        # Woken by the works' own completion, not by polling them: a thread waking every millisecond takes
+        # cores from the transfer it waits for.
+        done = _all_done(works)
+        while not done.wait(ABANDON_POLL_S):
+            if abandoned():
+                raise GroupAbandoned("the trainer gave this group epoch up")
     for work in works:
         work.wait()
     if cuda_device is not None:
         torch.cuda.current_stream(cuda_device).synchronize()
+
+
+def _all_done(works: Sequence[dist.Work]) -> threading.Event:
+    """An event set once every work has completed, failed ones included."""
+    done = threading.Event()
+    left = [len(works)]
+    lock = threading.Lock()
+
+    def one_done(_future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0] == 0:
+                done.set()
+
+    if not works:
+        done.set()
+    for work in works:
+        work.get_future().add_done_callback(one_done)
+    return done
 
 
 class GroupAbandoned(RuntimeError):

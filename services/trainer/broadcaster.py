@@ -6,6 +6,10 @@ Two sets of send buffers: `publish` copies the weights into the spare set and re
 thread swaps the sets when it starts a broadcast. The set being sent is never written, so the next
 optimizer step cannot change bytes in flight, and a publish never waits for a broadcast. Publishes
 that come while one is in flight coalesce: the newest version is the next one sent.
+
+With `copy_later` even the copy leaves the caller's thread: a copier thread makes it while the caller goes
+on (the trainer: into its next step's forward and backward), and the caller waits for it (`wait_copied`)
+only before it changes the weights (the trainer: before its optimizer steps).
 """
 
 from __future__ import annotations
@@ -149,12 +153,18 @@ class WeightBroadcaster:
         self._proto_cache: tuple[Manifest, list[trainer_pb2.Bucket]] | None = None
         self._store: TCPStore | None = None
         self._thread = threading.Thread(target=self._run, name="weight-broadcast", daemon=True)
+        self._copy_job: tuple[list[tuple[str, torch.Tensor]], int] | None = None
+        self._copied = threading.Event()
+        self._copied.set()
+        self._copy_error: BaseException | None = None
+        self._copier = threading.Thread(target=self._copy_run, name="weight-copy", daemon=True)
 
     def start(self) -> WeightBroadcaster:
         timeout = timedelta(seconds=self.config.member_timeout_s)
         self._store = TCPStore(self.config.store_host, self.config.store_port, is_master=True,
                                wait_for_workers=False, timeout=timeout)
         self._thread.start()
+        self._copier.start()
         log.info("weight sync store on %s:%d (%s)", self.advertise_host, self.store_port, self.backend)
         if not is_loopback(f"{self.config.store_host}:{self.store_port}"):
             # Joins are authenticated over gRPC, but torch.distributed's store and gloo/NCCL connections are not.
@@ -245,9 +255,44 @@ class WeightBroadcaster:
 
     # -- publishing (called by the training loop) --
 
-    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy the weights into the spare buffers and return; the broadcast runs in the background."""
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
+                copy_later: bool = False) -> None:
+        """Copy the weights into the spare buffers and return; the broadcast runs in the background. With
+        `copy_later` the copy does too: call `wait_copied()` before changing any of the tensors."""
         named = list(named_tensors)
+        self.wait_copied()  # one copy at a time, in order
+        if not copy_later:
+            self._stage(named, version)
+            return
+        with self._cond:
+            self._copied.clear()
+            self._copy_job = (named, version)
+            self._cond.notify_all()
+
+    def wait_copied(self) -> None:
+        """Wait until the last publish's weights are copied (from then on they may change); raises what failed
+        the copy, as a publish without `copy_later` would have."""
+        self._copied.wait()
+        error, self._copy_error = self._copy_error, None
+        if error is not None:
+            raise error
+
+    def _copy_run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._copy_job is not None or self.closed)
+                if self.closed:
+                    self._copied.set()
+                    return
+                (named, version), self._copy_job = self._copy_job, None
+            try:
+                self._stage(named, version)
+            except BaseException as exc:
+                self._copy_error = exc
+            finally:
+                self._copied.set()
+
+    def _stage(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
         manifest = Manifest.plan(named, self._bucket_bytes)
         with self._stage_lock:
             spare = self._spare
@@ -277,6 +322,8 @@ class WeightBroadcaster:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.config.member_timeout_s)
+        if self._copier.is_alive():
+            self._copier.join(timeout=self.config.member_timeout_s)
         self._teardown()
         self._store = None
 

@@ -2,7 +2,10 @@
 
 One step: pull `groups_per_step` groups for this data-parallel rank, collate, update (PolicyUpdate), bump
 the policy version, hand the weights to the broadcaster (which sends them while the next step trains),
-tell the buffer the new version, write the step's figures. Every `interval_steps` a checkpoint is
+tell the buffer the new version, write the step's figures, among them where the step's time went (waiting
+for its groups, collating, updating, publishing). With `batch.prefetch` the next step's groups are pulled on
+a thread of their own while a step trains, once the buffer counts staleness from the weights that will train
+them; the loop waits only for what has not arrived by the end of the step. Every `interval_steps` a checkpoint is
 written and the buffer told that everything delivered so far is consumed (Commit).
 
 What is committed is what was trained (or refused as unusable): groups pulled for a step that never
@@ -19,6 +22,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 from transformers import AutoConfig
@@ -39,6 +43,8 @@ from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
 PULL_BACKOFF_MAX_SECONDS = 2.0
+# How often the loop, while it waits for prefetched groups, serves SaveCheckpoint requests.
+SERVE_POLL_SECONDS = 0.05
 
 
 def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
@@ -118,6 +124,10 @@ class TrainingLoop:
         self.weight_bytes = 0
         self.started = time.monotonic()
         self.tracker = Tracker(config, active=strategy.rank == 0)
+        if broadcaster is not None:
+            # Published weights are copied while the next step's forward and backward run; its update waits
+            # for the copy before it changes the live weights the copy reads.
+            update.before_step = broadcaster.wait_copied
 
     @property
     def groups_per_rank(self) -> int:
@@ -157,10 +167,14 @@ class TrainingLoop:
         if self.config.weight_sync is not None:
             self._publish()
         max_steps = self.config.max_steps
+        upcoming: Future | None = None
         while max_steps is None or self.step < max_steps:
             # A stopping rank pulls nothing; the ranks agree before the step, as one rank training alone would
             # wait in the step's collectives for ever.
-            groups, last_delivery = self._pull()
+            waited = time.monotonic()
+            groups, last_delivery = self._pull() if upcoming is None else self._await(upcoming)
+            waited = time.monotonic() - waited
+            self.idle_seconds += waited
             if not self._every_rank_has(groups):
                 break
             if self.strategy.rank == 0:
@@ -168,7 +182,11 @@ class TrainingLoop:
                 # so a strictly on-policy worker waits for the new weights instead of generating for a step
                 # already pulled (whose groups the buffer would then drop as stale).
                 self.buffer.set_policy_version(next_version(self.policy_version))
-            self._train(groups)
+            # Every rank is past this step's pulls (they agreed above), so the next step's deliveries all come
+            # after this one's, which the commit watermark relies on.
+            another = max_steps is None or self.step + 1 < max_steps
+            upcoming = self._prefetch() if self.config.batch.prefetch and another else None
+            self._train(groups, waited)
             self.delivered = max(self.delivered, last_delivery)
             if self.step % self.config.checkpoint.interval_steps == 0:
                 self.save_checkpoint()
@@ -195,16 +213,40 @@ class TrainingLoop:
                      self.config.batch.groups_per_step)
         return False
 
-    def _pull(self) -> tuple[list[common_pb2.ExperienceGroup], int]:
+    def _prefetch(self) -> Future:
+        """The next step's pull, on a thread of its own; the loop serves checkpoint requests meanwhile."""
+        pulled: Future = Future()
+        pulled.set_running_or_notify_cancel()
+
+        def pull() -> None:
+            try:
+                pulled.set_result(self._pull(serve=False))
+            except BaseException as exc:
+                pulled.set_exception(exc)
+
+        threading.Thread(target=pull, name="prefetch", daemon=True).start()
+        return pulled
+
+    def _await(self, pulled: Future) -> tuple[list[common_pb2.ExperienceGroup], int]:
+        """The prefetched groups. Waiting for data is a safe point, as in a pull: what a checkpoint covers stops at
+        what was trained, so groups held for the coming step are delivered again on resume."""
+        while True:
+            self._serve_requests(delivery=self.delivered)
+            try:
+                return pulled.result(timeout=SERVE_POLL_SECONDS)
+            except FutureTimeout:
+                continue
+
+    def _pull(self, serve: bool = True) -> tuple[list[common_pb2.ExperienceGroup], int]:
         """This rank's groups of the next step and the newest delivery among them (and those refused); fewer at
         the end of the data or when stopping."""
         wanted, groups, last_delivery = self.groups_per_rank, [], 0
         trained = self.delivered
-        started = time.monotonic()
         while len(groups) < wanted and not self.stopping.is_set():
             # Waiting for data is a safe point too, so SaveCheckpoint answers within a pull; what the checkpoint
             # covers stops at what was trained, so the groups held for this step are delivered again on resume.
-            self._serve_requests(delivery=trained)
+            if serve:
+                self._serve_requests(delivery=trained)
             try:
                 result = self._pull_once(wanted - len(groups))
             except Stopped:
@@ -215,7 +257,6 @@ class TrainingLoop:
             last_delivery = max(last_delivery, result.last_delivery)
             if result.end_of_data:
                 break
-        self.idle_seconds += time.monotonic() - started
         return groups, last_delivery
 
     def _refused(self, pulled: buffer_pb2.PulledGroup) -> bool:
@@ -248,10 +289,13 @@ class TrainingLoop:
                              **retry)
         return received.keeping(refused)
 
-    def _train(self, groups: list[common_pb2.ExperienceGroup]) -> None:
+    def _train(self, groups: list[common_pb2.ExperienceGroup], waited: float) -> None:
+        """One step on `groups`, which the loop waited `waited` seconds for."""
         started = time.monotonic()
         batch = collate(groups, self.pad_id)
+        collated = time.monotonic()
         figures = self.update(batch, self.policy_version)
+        updated = time.monotonic()
         figures.update(experience_figures(batch, self.policy_version))
         # Rank 0 records the step: every rank's share of it, and which groups it trained.
         shares = self.strategy.gather_objects((figures, [group_name(g) for g in groups]))
@@ -259,9 +303,14 @@ class TrainingLoop:
         trained = [name for _, names in shares for name in names]
         self.step += 1
         self.policy_version += 1
+        published = time.monotonic()
         if self.config.weight_sync is not None:
             self._publish()
         seconds = time.monotonic() - started
+        figures["pull_wait_seconds"] = waited
+        figures["collate_seconds"] = collated - started
+        figures["update_seconds"] = updated - collated
+        figures["publish_seconds"] = time.monotonic() - published
         figures["step_seconds"] = seconds
         figures["tokens_per_second"] = figures["tokens"] / seconds if seconds > 0 else 0.0
         wall = time.monotonic() - self.started
@@ -281,7 +330,7 @@ class TrainingLoop:
             weights = list(self.strategy.full_state_dict())
         self.weight_bytes = sum(t.numel() * t.element_size() for _, t in weights)
         if self.broadcaster is not None:
-            self.broadcaster.publish(weights, self.policy_version)
+            self.broadcaster.publish(weights, self.policy_version, copy_later=True)
 
     def _record(self, figures: dict[str, float], groups: list[common_pb2.ExperienceGroup],
                 trained: list[str]) -> None:

@@ -5,6 +5,7 @@ Reads top to bottom as the algorithm runs; the formulas themselves live in train
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +55,8 @@ class PolicyUpdate:
         self.algorithm = algorithm
         self.settings = settings
         self.reference = reference
+        # Called before every optimizer step: whatever still reads the weights of before it finishes first.
+        self.before_step: Callable[[], None] = lambda: None
 
     def __call__(self, batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
         """One step on `batch` with the weights of `policy_version` (the version samples say they came from)."""
@@ -88,6 +91,7 @@ class PolicyUpdate:
                 )
                 strategy.backward(loss)
                 figures.add(float(loss.detach()), stats)
+            self.before_step()
             result = strategy.step()
             figures.grad_norm, figures.lr = float(result.grad_norm), float(result.lr)
         out = figures.as_dict()

@@ -1,9 +1,12 @@
-"""`zerobubble bench pipeline` at a tiny budget: both modes run the real pipeline (every service its own
-process) to the end and give their figures; on-policy mode trains only on samples of the current policy."""
+"""`zerobubble bench pipeline` at a tiny budget: every mode runs the real pipeline (every service its own
+process) to the end and gives its figures; on-policy mode trains only on samples of the current policy; the
+trainer's time is split into its parts, and the prefetching run has its baseline without prefetch."""
 
 from __future__ import annotations
 
 import argparse
+
+import pytest
 
 from zerobubble.bench.pipeline import register_bench
 
@@ -20,10 +23,20 @@ def test_bench_pipeline_compares_on_policy_and_async_runs(tmp_path):
     figures = args.measure(args)
 
     assert figures["groups_per_step"] == GROUPS_PER_STEP and figures["async_vs_on_policy_samples_per_s"] > 0
+    assert figures["prefetch_vs_without_samples_per_s"] == round(
+        figures["async_with_prefetch"]["samples_per_s"] / figures["async"]["samples_per_s"], 3)
     samples_per_step = GROUPS_PER_STEP * figures["num_generations"]
-    for mode, bound in (("on_policy", 0), ("async", 2)):
+    for mode, bound, prefetch in (("on_policy", 0, False), ("async", 2, False), ("async_with_prefetch", 2, True)):
         run = figures[mode]
-        assert run["max_staleness"] == bound
+        assert run["max_staleness"] == bound and run["prefetch"] is prefetch
+        # The parts of the trainer's time are measured, not derived: together they cannot pass the whole.
+        split = run["trainer_time"]
+        assert set(split) == {"waiting", "collate", "update", "publish", "other"}
+        assert split["update"] > 0 and min(split.values()) >= -0.01
+        assert sum(split.values()) == pytest.approx(1.0, abs=0.01)
+        assert run["cpu_cores_used"]["trainer"] > 0 and run["cpu_cores_used"]["rollout-0"] > 0
+        assert run["cpu_cores_used"]["all"] >= run["cpu_cores_used"]["trainer"]
+        assert len(run["load_average"]) == 2 and run["machine_cores"] >= 1
         assert run["steps"] >= 1 and run["samples_trained"] == run["steps"] * samples_per_step
         assert run["samples_per_s"] > 0 and run["training_seconds"] > 0
         assert 0 <= run["trainer_idle_fraction"] < 1

@@ -13,6 +13,7 @@ import torch
 from zerobubble.bench.weights import _Step, register_bench
 
 ROUNDS, STEPS = 2, 2
+FANOUT = (1, 2)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,8 @@ def result():
     parser = argparse.ArgumentParser()
     register_bench(parser.add_subparsers(dest="what"))
     args = parser.parse_args(["weights", "--sizes", "tiny", "--repeats", "1", "--bucket-mb", "0.05",
-                              "--rounds", str(ROUNDS), "--steps", str(STEPS), "--seq-len", "16", "--threads", "1"])
+                              "--rounds", str(ROUNDS), "--steps", str(STEPS), "--seq-len", "16", "--threads", "1",
+                              "--fanout-receivers", ",".join(map(str, FANOUT))])
     measured = args.measure(args)
     assert torch.get_num_threads() == threads_before, "the bench gives the process its thread count back"
     return json.loads(json.dumps(measured))
@@ -60,6 +62,29 @@ def test_syncs_overlap_the_steps_with_sync_and_none_of_the_baseline(result):
     assert 1 <= step["steps_overlapped"] <= step["steps_with_sync"]
     assert 0 < step["overlap_fraction"] <= 1
     assert step["baseline_steps_overlapped"] == 0
+
+
+def test_the_fanout_measures_each_count_against_a_flat_broadcast_of_the_same_bytes(result):
+    fanout = result["fanout"]
+    assert fanout["size"] == "tiny" and [c["receivers"] for c in fanout["counts"]] == list(FANOUT)
+    (size,) = result["broadcast"]
+    for count in fanout["counts"]:
+        assert count["bytes"] == size["bytes"]
+        for key in ("flat_seconds", "sync_seconds", "end_to_end_sync_seconds"):
+            assert count[key] > 0, key
+        # The broadcaster's own span of a version lies inside the publish-to-acknowledged time.
+        assert count["sync_seconds"] <= count["end_to_end_sync_seconds"]
+        assert count["limit_ratio"] == pytest.approx(count["flat_seconds"] / count["sync_seconds"])
+        assert count["end_to_end_limit_ratio"] == pytest.approx(count["flat_seconds"]
+                                                                / count["end_to_end_sync_seconds"])
+        for mode in ("flat_cpu", "sync_cpu"):
+            cpu = count[mode]
+            assert cpu["trainer_cpu_seconds"] > 0 and cpu["receiver_cpu_seconds"] >= 0
+            assert cpu["total_cpu_seconds"] >= cpu["trainer_cpu_seconds"] and cpu["cores_busy"] > 0
+    first, second = fanout["counts"]
+    assert first["flat_growth"] == first["sync_growth"] == 1.0
+    assert second["flat_growth"] == pytest.approx(second["flat_seconds"] / first["flat_seconds"])
+    assert fanout["worst_limit_ratio"] == min(first["limit_ratio"], second["limit_ratio"])
 
 
 def test_step_overlap_adds_the_shared_time_of_every_sync():

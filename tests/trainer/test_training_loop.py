@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -132,6 +133,44 @@ def test_an_unusable_group_is_skipped_and_nothing_untrained_is_committed(assets,
         store = buffer.core.store
         assert store.committed == 5, "the refused group is passed over, the left-over one never committed"
         assert list(store.delivered) == [6] and not store.unacked
+    finally:
+        buffer.stop(0.5)
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_with_prefetch_the_next_steps_groups_are_pulled_while_a_step_trains(assets, tmp_path, prefetch):
+    model, train, _ = assets
+    buffer = start_buffer(train, tmp_path / "wal", **RUN_SPEC)
+    run_dir = tmp_path / "run"
+    try:
+        fill(buffer.address)
+        host = build(trainer_config(model, buffer.address, run_dir, max_steps=3, **{"batch.prefetch": prefetch}))
+        update, delivered = host.loop.update, []
+
+        def watched(batch, version):
+            """Groups the buffer had delivered when the step began and when its update ended; with prefetch the
+            update waits (boundedly) for the next step's pull, which must run meanwhile."""
+            before = buffer.core.stats()["groups_out"]
+            deadline = time.monotonic() + 30
+            while prefetch and buffer.core.stats()["groups_out"] < before + GROUPS_PER_STEP \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+            figures = update(batch, version)
+            delivered.append((before, buffer.core.stats()["groups_out"]))
+            return figures
+
+        host.loop.update = watched
+        assert host.start().run_until_signal() == 0
+        # No pull for a step past max_steps: the last step's update sees nothing more delivered.
+        one, two, three = GROUPS_PER_STEP, 2 * GROUPS_PER_STEP, 3 * GROUPS_PER_STEP
+        assert delivered == ([(one, two), (two, three), (three, three)] if prefetch
+                             else [(one, one), (two, two), (three, three)])
+        for row in rows(run_dir):
+            parts = row["collate_seconds"] + row["update_seconds"] + row["publish_seconds"]
+            assert min(row["pull_wait_seconds"], row["collate_seconds"], row["update_seconds"]) >= 0
+            assert parts <= row["step_seconds"]
+        # What was trained is committed; nothing was pulled beyond it.
+        assert buffer.core.store.committed == three and not buffer.core.store.unacked
     finally:
         buffer.stop(0.5)
 

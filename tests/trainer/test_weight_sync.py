@@ -4,6 +4,7 @@ coalescing against a real worker process, its refusals, and the `bench weights` 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import pytest
@@ -67,6 +68,54 @@ def test_publish_without_members_completes_and_join_refuses_bad_requests():
             broadcaster.join("", "cpu")
         with pytest.raises(NotFound, match="JoinWeightSync"):
             broadcaster.watch("nobody")
+    finally:
+        broadcaster.close()
+
+
+def test_a_later_copy_runs_on_its_own_thread_and_the_caller_waits_for_it_before_changing_the_weights(
+        monkeypatch):
+    copying, release, threads = threading.Event(), threading.Event(), []
+    pack = Manifest.pack
+
+    def held_pack(self, named, buffers):
+        threads.append(threading.current_thread().name)
+        copying.set()
+        assert release.wait(30)
+        pack(self, named, buffers)
+
+    monkeypatch.setattr(Manifest, "pack", held_pack)
+    broadcaster = WeightBroadcaster(WeightSyncConfig(member_timeout_s=2)).start()
+    try:
+        model = tiny_model(seed=3)
+        snapshot = digests(model.named_parameters())
+        broadcaster.publish(model.named_parameters(), 1, copy_later=True)
+        assert copying.wait(10) and threads == ["weight-copy"], "the copy is not the caller's"
+        waiter = threading.Thread(target=broadcaster.wait_copied)
+        waiter.start()
+        waiter.join(0.2)
+        assert waiter.is_alive() and broadcaster.status()["published_version"] == -1, "not copied yet"
+        release.set()
+        waiter.join(10)
+        assert not waiter.is_alive() and broadcaster.status()["published_version"] == 1
+        _step(model, 1.0)  # what the optimizer does once the copy is made: the copy keeps the weights of before
+        assert broadcaster.wait_synced(1, timeout=10)
+        sent = broadcaster._sending
+        assert digests(sent.manifest.views(sent.buffers)) == snapshot
+    finally:
+        release.set()
+        broadcaster.close()
+
+
+def test_a_later_copy_that_fails_raises_in_the_caller_at_its_wait():
+    broadcaster = WeightBroadcaster(WeightSyncConfig(member_timeout_s=2)).start()
+    try:
+        broadcaster.publish([("a.weight", torch.empty(3, device="meta"))], 1, copy_later=True)
+        with pytest.raises(NotImplementedError):
+            broadcaster.wait_copied()
+        broadcaster.wait_copied()  # raised once; the next publish goes ahead
+        broadcaster.publish(_mixed(), 2, copy_later=True)
+        broadcaster.wait_copied()
+        assert broadcaster.wait_synced(2, timeout=10)
     finally:
         broadcaster.close()
 
