@@ -28,9 +28,11 @@ def prepare_assets(config: UpConfig, cache: Path) -> RunAssets:
     if train is None:
         from zerobubble.tiny.task import make_arithmetic_task
 
-        task_dir = cache / f"arithmetic-{task.train_size}-{task.eval_size}-{task.seed}"
+        task_dir = cache / (f"arithmetic-{task.train_size}-{task.eval_size}-{task.seed}"
+                            f"-{task.max_operand}{task.operations}")
         if not (task_dir / "eval.jsonl").exists():
-            make_arithmetic_task(task_dir, train_size=task.train_size, eval_size=task.eval_size, seed=task.seed)
+            make_arithmetic_task(task_dir, train_size=task.train_size, eval_size=task.eval_size, seed=task.seed,
+                                 max_operand=task.max_operand, operations=task.operations)
         train = task_dir / "train.jsonl"
         held_out = held_out or task_dir / "eval.jsonl"
     model = config.model

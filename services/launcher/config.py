@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from zerobubble.common.config import ConfigError, Schema, load_config
 from zerobubble.tiny.shapes import SIZES
@@ -35,6 +35,17 @@ class ArithmeticTask(Schema):
     train_size: int = Field(150, gt=0)
     eval_size: int = Field(50, gt=0)
     seed: int = 0
+    max_operand: int = Field(9, ge=1, description="operands are 0..max_operand")
+    operations: str = Field("+-", pattern=r"^[+-]+$", description="the operators questions use: +, - or both")
+
+    @model_validator(mode="after")
+    def _enough_questions(self):
+        distinct = (self.max_operand + 1) ** 2 * len(set(self.operations))
+        if self.train_size + self.eval_size > distinct:
+            raise ValueError(f"train_size + eval_size = {self.train_size + self.eval_size} exceeds the {distinct} "
+                             f"distinct questions with max_operand {self.max_operand} and operations "
+                             f"{self.operations!r}")
+        return self
 
 
 class PipelineConfig(Schema):

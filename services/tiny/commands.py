@@ -53,14 +53,15 @@ def cmd_make_task(args) -> int:
     from zerobubble.tiny.task import make_arithmetic_task
 
     train, held_out = make_arithmetic_task(args.dir, train_size=args.train_size, eval_size=args.eval_size,
-                                           seed=args.seed, max_operand=args.max_operand)
+                                           seed=args.seed, max_operand=args.max_operand,
+                                           operations=args.operations)
     print(json.dumps({"task": args.task, "train": str(train), "eval": str(held_out),
                       "train_size": args.train_size, "eval_size": args.eval_size}), flush=True)
     return 0
 
 
 def register(subparsers) -> None:
-    from zerobubble.tiny.task import DEFAULT_EVAL_SIZE, DEFAULT_MAX_OPERAND, DEFAULT_TRAIN_SIZE
+    from zerobubble.tiny.task import DEFAULT_EVAL_SIZE, DEFAULT_MAX_OPERAND, DEFAULT_OPERATIONS, DEFAULT_TRAIN_SIZE
     from zerobubble.tiny.warm_start import DEFAULT_LABEL_SMOOTHING, DEFAULT_STEPS
 
     model = subparsers.add_parser("make-tiny-model", help="write a tiny Qwen2-architecture model and tokenizer")
@@ -83,6 +84,7 @@ def register(subparsers) -> None:
     task.add_argument("--train-size", type=int, default=DEFAULT_TRAIN_SIZE)
     task.add_argument("--eval-size", type=int, default=DEFAULT_EVAL_SIZE)
     task.add_argument("--max-operand", type=int, default=DEFAULT_MAX_OPERAND, help="operands are 0..N")
+    task.add_argument("--operations", default=DEFAULT_OPERATIONS, help="the operators questions use: +, - or +-")
     task.add_argument("--seed", type=int, default=0)
     task.set_defaults(run=cmd_make_task)
 

@@ -18,6 +18,8 @@ BOXED_SYSTEM_PROMPT = "Please reason step by step, and put your final answer wit
 
 # Single-digit operands: 200 distinct questions, learnable by a 1M-parameter model in a few hundred steps.
 DEFAULT_MAX_OPERAND = 9
+DEFAULT_OPERATIONS = "+-"
+OPERATIONS = {"+": int.__add__, "-": int.__sub__}
 DEFAULT_TRAIN_SIZE = 150
 DEFAULT_EVAL_SIZE = 50
 
@@ -28,13 +30,16 @@ class TaskRow:
     gt_answer: str
 
 
-def all_questions(max_operand: int) -> list[tuple[str, str]]:
-    """Every (question, answer) with operands in [0, max_operand], in a fixed order."""
+def all_questions(max_operand: int, operations: str = DEFAULT_OPERATIONS) -> list[tuple[str, str]]:
+    """Every (question, answer) with operands in [0, max_operand] and an operator of `operations`, in a fixed order."""
+    unknown = set(operations) - set(OPERATIONS)
+    if not operations or unknown:
+        raise ValueError(f"operations {operations!r}: give one or more of {''.join(OPERATIONS)}")
     return [
-        (f"{a}{op}{b}=", str(a + b if op == "+" else a - b))
+        (f"{a}{op}{b}=", str(OPERATIONS[op](a, b)))
         for a in range(max_operand + 1)
         for b in range(max_operand + 1)
-        for op in "+-"
+        for op in dict.fromkeys(operations)
     ]
 
 
@@ -45,16 +50,17 @@ def make_arithmetic_task(
     eval_size: int = DEFAULT_EVAL_SIZE,
     seed: int = 0,
     max_operand: int = DEFAULT_MAX_OPERAND,
+    operations: str = DEFAULT_OPERATIONS,
 ) -> tuple[Path, Path]:
     """Write train.jsonl and a held-out eval.jsonl (no question in both); return their paths.
 
     Train rows carry `messages` as one object, eval rows as a one-element list: readers must take both.
     """
-    questions = all_questions(max_operand)
+    questions = all_questions(max_operand, operations)
     if train_size + eval_size > len(questions):
         raise ValueError(
             f"train_size + eval_size = {train_size + eval_size} exceeds the {len(questions)} distinct questions "
-            f"with operands up to {max_operand}"
+            f"with operands up to {max_operand} and operations {operations!r}"
         )
     random.Random(seed).shuffle(questions)
     out_dir = Path(out_dir)

@@ -58,6 +58,15 @@ def test_set_overrides_come_last_and_bad_fields_are_named():
                   "trainer section")
 
 
+def test_a_task_asking_more_questions_than_exist_is_refused_before_anything_runs():
+    assert up_config(parse("--set", "task.max_operand=99", "--set", "task.operations=+",
+                           "--set", "task.train_size=9950")).task.train_size == 9950
+    with pytest.raises(ConfigError, match="task.*distinct questions"):
+        up_config(parse("--set", "task.max_operand=9", "--set", "task.operations=+", "--set", "task.train_size=90"))
+    with pytest.raises(ConfigError, match="task.operations"):
+        up_config(parse("--set", "task.operations=x"))
+
+
 def test_resume_reads_the_runs_own_config(tmp_path):
     with pytest.raises(ConfigError, match="no run there"):
         up_config(parse("--resume", str(tmp_path)))

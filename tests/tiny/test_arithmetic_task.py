@@ -79,6 +79,24 @@ def test_too_many_questions_is_refused(tmp_path):
         make_arithmetic_task(tmp_path, train_size=190, eval_size=20, max_operand=9)
 
 
+def test_two_digit_additions_have_carries_and_a_held_out_set_of_the_same_kind(tmp_path):
+    train, held_out = (read_task(path) for path in make_arithmetic_task(
+        tmp_path, train_size=9950, eval_size=50, max_operand=99, operations="+"))
+    assert len(all_questions(99, "+")) == 10_000 == len(train) + len(held_out)
+    for rows in (train, held_out):
+        operands = [re.fullmatch(r"(\d+)\+(\d+)=", row.messages[0]["content"]).groups() for row in rows]
+        assert all(int(row.gt_answer) == int(a) + int(b) for row, (a, b) in zip(rows, operands, strict=True))
+        carries = sum(int(a) % 10 + int(b) % 10 >= 10 for a, b in operands)
+        # About 45% of two-digit sums carry: both sets hold many of each kind.
+        assert 0.3 * len(rows) < carries < 0.6 * len(rows)
+
+
+def test_unknown_operations_are_refused(tmp_path):
+    for operations in ("", "*", "+/"):
+        with pytest.raises(ValueError, match="operations"):
+            make_arithmetic_task(tmp_path, operations=operations)
+
+
 def test_chat_layout_puts_the_boxed_system_prompt_first(task):
     row = read_task(task[1])[0]
     assert chat_messages(row) == [{"role": "system", "content": BOXED_SYSTEM_PROMPT}, *row.messages]
