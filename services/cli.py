@@ -106,6 +106,7 @@ BENCHES = {
     "gpu-sync": ("zerobubble.bench.gpu", "weight sync trainer -> rollout on one GPU"),
     "fuzz": ("zerobubble.bench.fuzz", "soak every RPC of every service with generated messages and wire abuse"),
     "data": ("zerobubble.bench.data", "a large prompt set's load: rows/s and peak memory per format"),
+    "learning": ("zerobubble.bench.learning", "the demo vs TRL's GRPOTrainer: pass@1 gained per sample and minute"),
 }
 
 # What the train extra brings: a command that needs one of these on a light install says which extra to add.
