@@ -16,13 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from zerobubble.common.config import Schema
 
 
-class TRLSettings(BaseModel):
+class TRLSettings(Schema):
     """What the bench decides for the TRL run; the docstring of zerobubble.bench.learning says why each value."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: Path
     output_dir: Path
@@ -79,6 +79,7 @@ def main(path: str) -> int:
         learning_rate=settings.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=settings.weight_decay, adam_beta1=settings.adam_betas[0], adam_beta2=settings.adam_betas[1],
         adam_epsilon=settings.adam_epsilon, optim="adamw_torch",
+        # The HF Trainer clips only above 0: 0 is its "no clip", the project's null.
         max_grad_norm=settings.max_grad_norm if settings.max_grad_norm is not None else 0.0,
         beta=settings.beta, epsilon=settings.epsilon_low, epsilon_high=settings.epsilon_high,
         loss_type="grpo", scale_rewards="group", temperature=settings.temperature, top_p=1.0, top_k=0,
@@ -94,13 +95,10 @@ def main(path: str) -> int:
     trained = time.monotonic()
     trainer.save_model(str(settings.output_dir / "final"))
     tokenizer.save_pretrained(settings.output_dir / "final")
-    rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
     print(json.dumps({
         "steps": trainer.state.global_step,
         "samples_trained": trainer.state.global_step * settings.batch_samples,
         "training_seconds": round(trained - train_started, 2),
-        "train_reward_first": rewards[0] if rewards else None,
-        "train_reward_last": rewards[-1] if rewards else None,
         "weights": str(settings.output_dir / "final"),
     }), flush=True)
     return 0
