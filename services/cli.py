@@ -102,6 +102,7 @@ BENCHES = {
     "fuzz": ("zerobubble.bench.fuzz", "soak every RPC of every service with generated messages and wire abuse"),
     "data": ("zerobubble.bench.data", "a large prompt set's load: rows/s and peak memory per format"),
     "scale": ("zerobubble.bench.scale", "the buffer under 64 producers and 4 pullers; its restart on a large log"),
+    "learning": ("zerobubble.bench.learning", "the demo vs TRL's GRPOTrainer: pass@1 gained per sample and minute"),
 }
 
 # What the train extra brings: a command that needs one of these on a light install says which extra to add.

@@ -11,6 +11,7 @@ from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.config import ClientConfig, load_config
 from zerobubble.common.data import DataSpec
+from zerobubble.common.run_spec import RunSpec
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engines import make_engine
 from zerobubble.rollout.evaluation import Evaluator
@@ -31,11 +32,19 @@ def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_service: ClientCo
     # Sample exactly as the first worker's periodic evaluation does, so the figures compare.
     rollout = load_config(RolloutServiceConfig, run_dir / "configs" / "rollout-0.yaml")
     spec = load_config(BufferServiceConfig, run_dir / "configs" / "buffer.yaml").run_spec
-    engine = make_engine("transformers", checkpoint, device="cpu", dtype="fp32", seed=rollout.generation.seed)
+    return evaluate_weights(checkpoint, version, rollout, spec, eval_data, reward_service)
+
+
+def evaluate_weights(model: Path, version: int, rollout: RolloutServiceConfig, spec: RunSpec, eval_data: Path,
+                     reward_service: ClientConfig | str, output_dir: Path | None = None) -> dict:
+    """The held-out set on any HF model folder, sampled as `rollout`'s periodic evaluation samples (into
+    `output_dir`, default the rollout's own eval folder)."""
+    engine = make_engine("transformers", model, device="cpu", dtype="fp32", seed=rollout.generation.seed)
     prompts = RoutedPrompts(engine.tokenizer, spec, rollout.reward.system_prompt, spec.max_prompt_tokens)
     # The first worker's spec of the held-out set carries its split and column mapping.
     heldout = rollout.eval.datasets.get("heldout", DataSpec(path=eval_data))
-    eval_config = rollout.eval.model_copy(update={"datasets": {"heldout": heldout}})
+    eval_config = rollout.eval.model_copy(update={"datasets": {"heldout": heldout},
+                                                  "output_dir": output_dir or rollout.eval.output_dir})
     with RewardClient(reward_service) as reward:
         evaluator = Evaluator(eval_config, prompts=prompts, reward=reward,
                               metrics=RolloutMetrics(CollectorRegistry()),
