@@ -142,9 +142,11 @@ class Deployment:
             "buffer": {"address": self.processes["buffer-quiet"].address, "retry_seconds": 0},
             "reward_service": {"address": NOWHERE, "retry_seconds": 86_400}, "trainer": None}
         self.processes["rollout"] = ServiceProcess("rollout", configs["rollout"], directory).launch()
+        # The trainer answers SaveCheckpoint between pulls of its empty buffer, so a short pull wait keeps the
+        # thousand checkpoint requests from waiting a pull each.
         configs["trainer"] = {
             "server": SERVER, "model": str(model), "run_dir": str(directory / "trainer-run"), "torch_threads": 1,
-            "algorithm": {"preset": "GRPO", "beta": 0.0}, "batch": {"groups_per_step": 1, "pull_wait_seconds": 1.0},
+            "algorithm": {"preset": "GRPO", "beta": 0.0}, "batch": {"groups_per_step": 1, "pull_wait_seconds": 0.1},
             "checkpoint": {"keep": 1}, "weight_sync": {"member_timeout_s": 2.0},
             "buffer": {"address": self.processes["buffer-quiet"].address, "timeout_seconds": 10.0},
         }
