@@ -19,6 +19,9 @@ from google.protobuf.message import DecodeError
 from zerobubble.v1 import common_pb2
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
+# Reading a group's fields in Python costs about 0.1 ms whatever its size, and protobuf's copies about 0.15 ms
+# a MiB: below this size protobuf is the faster reader (34 KB groups: 0.09 ms read and checked, against 0.23).
+IN_PLACE_FROM = 1 << 20
 _FLOAT = struct.Struct("<f")
 
 
@@ -186,13 +189,14 @@ def _group(view: memoryview) -> GroupView:
     return group
 
 
-def read_group(payload: bytes) -> GroupView | common_pb2.ExperienceGroup | None:
-    """The group in `payload`: a view of it, or as protobuf parses it when it is encoded unusually; None when
-    the bytes are no ExperienceGroup."""
-    try:
-        return _group(memoryview(payload))
-    except _Unusual:
-        pass
+def read_group(payload: bytes, *, in_place_from: int = IN_PLACE_FROM) -> GroupView | common_pb2.ExperienceGroup | None:
+    """The group in `payload`: a view of it from `in_place_from` bytes on, else (or when it is encoded
+    unusually) as protobuf parses it; None when the bytes are no ExperienceGroup."""
+    if len(payload) >= in_place_from:
+        try:
+            return _group(memoryview(payload))
+        except _Unusual:
+            pass
     try:
         return common_pb2.ExperienceGroup.FromString(payload)
     except DecodeError:

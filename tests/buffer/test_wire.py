@@ -60,14 +60,20 @@ def full_group() -> common_pb2.ExperienceGroup:
 def test_a_serialized_group_is_read_without_protobuf_and_reads_the_same():
     group = full_group()
     payload = group.SerializeToString()
-    view = read_group(payload)
+    view = read_group(payload, in_place_from=0)
     assert isinstance(view, GroupView)
     assert fields(view) == fields(group)
 
 
+def test_small_groups_are_left_to_protobuf():
+    payload = make_group(PROMPT).SerializeToString()
+    assert isinstance(read_group(payload), common_pb2.ExperienceGroup)
+    assert isinstance(read_group(payload, in_place_from=len(payload)), GroupView)
+
+
 def test_the_arrays_are_views_of_the_received_bytes():
     payload = make_group(PROMPT, tokens=1000).SerializeToString()
-    tokens = decode_array(read_group(payload).trajectories[1].response_ids, "r", dtype="int32", ndim=1)
+    tokens = decode_array(read_group(payload, in_place_from=0).trajectories[1].response_ids, "r", dtype="int32", ndim=1)
     assert (tokens == 2).all()
     assert np.shares_memory(tokens, np.frombuffer(payload, np.uint8)), "no copy of the group's bytes"
 
@@ -93,7 +99,7 @@ def length_delimited(number: int, body: bytes) -> bytes:
 ])
 def test_unusual_encodings_are_left_to_protobuf_and_read_as_it_reads_them(extra):
     payload = make_group(PROMPT).SerializeToString() + extra
-    assert fields(read_group(payload)) == fields(parsed(payload))
+    assert fields(read_group(payload, in_place_from=0)) == fields(parsed(payload))
 
 
 def test_fields_in_any_order_and_unpacked_shapes_read_the_same():
@@ -104,7 +110,7 @@ def test_fields_in_any_order_and_unpacked_shapes_read_the_same():
     unpacked = key(1, 0) + varint(ids.dtype) + key(2, 0) + varint(3) + length_delimited(3, ids.data)
     trajectories = [length_delimited(3, t.SerializeToString()) for t in group.trajectories]
     payload = b"".join([*reversed(trajectories), length_delimited(2, unpacked), *reversed(pieces)])
-    view = read_group(payload)
+    view = read_group(payload, in_place_from=0)
     assert isinstance(view, GroupView)
     assert fields(view) == fields(parsed(payload))
     assert list(view.prompt_ids.shape) == [3]
@@ -123,7 +129,26 @@ def test_damaged_groups_read_as_protobuf_reads_them():
             else:
                 damaged[position] = rng.randrange(256)
         damaged = bytes(damaged)
-        read = read_group(damaged)
+        read = read_group(damaged, in_place_from=0)
         fast += isinstance(read, GroupView)
         assert fields(read) == fields(parsed(damaged)), damaged.hex()
     assert fast > 300, "the reader itself took part"
+
+
+def test_large_groups_are_checked_in_place_through_the_service_and_leave_as_they_came(serve):
+    _, client = serve(prompts=3, run_spec__num_generations=4)
+    prompts = list(client.lease("w", 3).prompts)
+    good, nan, negative = (make_group(p, "w", i, tokens=1 << 16) for i, p in enumerate(prompts))
+    assert good.ByteSize() > 2 * 1024 * 1024
+    logprobs = np.full(1 << 16, -0.5, np.float32)
+    logprobs[-1] = np.nan
+    nan.trajectories[2].behaviour_logprobs.CopyFrom(encode_array(logprobs))
+    ids = np.ones(1 << 16, np.int32)
+    ids[7] = -1
+    negative.trajectories[1].response_ids.CopyFrom(encode_array(ids))
+    acks = list(client.push([good, nan, negative]))
+    assert [a.code for a in acks] == [0, 3, 3]
+    assert acks[1].error.startswith("trajectories[2].behaviour_logprobs:") and "finite" in acks[1].error
+    assert acks[2].error.startswith("trajectories[1].response_ids:") and "got -1 to 1" in acks[2].error
+    (pulled,) = client.pull(0, 1, 3, wait_seconds=5).groups
+    assert pulled.group.SerializeToString() == good.SerializeToString()
