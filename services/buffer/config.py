@@ -80,7 +80,7 @@ class WalConfig(Schema):
                                "the current one holds this many bytes; a segment is deleted once none of its "
                                "groups is queued or awaiting the trainer's commit")
     reuse_files: bool = Field(True, description="a deleted segment's file becomes the next segment (already "
-                              "allocated: about half the cost of deleting it and writing a new file)")
+                              "allocated and cached: about half the cost of deleting it and writing a new file)")
 
 
 class BufferServiceConfig(Schema):

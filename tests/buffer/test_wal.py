@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
-import mmap
 import os
 import time
 import zlib
@@ -205,47 +202,4 @@ def test_interval_policy_syncs_in_the_background(tmp_path, monkeypatch):
             break
         time.sleep(0.01)
     assert synced
-    wal.close()
-
-
-def cached_pages(path) -> int:
-    """How many pages of the file are in the page cache (mincore over a read-only mapping)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    size, page = path.stat().st_size, os.sysconf("SC_PAGE_SIZE")
-    with open(path, "rb") as f:
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
-    try:
-        flags = ctypes.create_string_buffer(-(-size // page))
-        assert libc.mincore(address, size, flags) == 0, os.strerror(ctypes.get_errno())
-        return sum(b & 1 for b in flags.raw)
-    finally:
-        libc.munmap(address, size)
-
-
-@pytest.mark.parametrize("fsync", ["always", "interval"])
-def test_records_leave_the_page_cache_once_synced(tmp_path, fsync):
-    wal, _ = replayed(tmp_path, fsync=fsync, interval_seconds=3600)
-    blob = os.urandom(64 * os.sysconf("SC_PAGE_SIZE"))
-    locations = [wal.append(2, {"n": i}, blob) for i in range(4)]
-    if fsync == "interval":
-        assert cached_pages(segment(tmp_path)) >= 4 * 64, "written records are cached until synced"
-        wal.sync()
-    # The header's and the last record's partial pages may stay.
-    assert cached_pages(segment(tmp_path)) <= 2
-    assert [wal.read(location).blob for location in locations] == [blob] * 4, "read back from the disk"
-    wal.close()
-
-
-@pytest.mark.parametrize("fsync", ["never", "interval"])
-def test_a_rolled_segment_leaves_the_cache_only_when_synced(tmp_path, fsync):
-    wal, _ = replayed(tmp_path, fsync=fsync, interval_seconds=3600)
-    wal.append(2, {}, os.urandom(64 * os.sysconf("SC_PAGE_SIZE")))
-    wal.roll(9, {})
-    cached = cached_pages(tmp_path / "00000001.wal")
-    # Without fsync nothing is known to be clean: the kernel decides.
-    assert cached >= 64 if fsync == "never" else cached <= 2
     wal.close()
