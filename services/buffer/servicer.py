@@ -4,9 +4,9 @@ The two streams are coroutines: a pull waiting for groups, or a push stream wait
 or for room in the buffer, waits on the core's condition and holds no thread. The core's blocking work
 (checking a group, writing the log) runs on the host's threads, and only while there is some.
 
-Groups keep their wire bytes through the buffer: a pushed group is read where it lies to be checked
-(wire.py), the log stores the bytes that arrived, and a pulled group leaves as those bytes again. A 3.5 MiB
-group is then never parsed whole or serialized by the buffer, which roughly halves its cost per group.
+Groups keep their wire bytes through the buffer: a pushed group is checked (a large one where it lies,
+wire.py), the log stores the bytes that arrived, and a pulled group leaves as those bytes again. A 3.5 MiB
+group is then never parsed whole or serialized by the buffer.
 """
 
 from __future__ import annotations

