@@ -34,7 +34,6 @@ from zerobubble.buffer.prompts import PromptFileError, PromptSource
 from zerobubble.buffer.store import ExperienceStore, ProducerDedup, StoredGroup
 from zerobubble.buffer.validation import check_group
 from zerobubble.buffer.wal import Record, WriteAheadLog
-from zerobubble.buffer.wire import GroupView
 from zerobubble.common.conditions import AwaitableCondition
 from zerobubble.common.errors import InvalidInput, TemporarilyUnavailable, TooLarge
 from zerobubble.common.version import is_stale
@@ -326,12 +325,10 @@ class Buffer:
 
     # Experience in.
 
-    def prepare_push(self, group: common_pb2.ExperienceGroup | GroupView,
-                     payload: bytes | None = None) -> PreparedGroup:
+    def prepare_push(self, group: common_pb2.ExperienceGroup, payload: bytes | None = None) -> PreparedGroup:
         """Check a group (InvalidInput or TooLarge refuse it whole) and work out what storing it needs; no lock.
 
-        `payload` is the group's serialized form when the caller already has it (always with a GroupView, the
-        group as read from it)."""
+        `payload` is the group's serialized form when the caller already has it."""
         payload = group.SerializeToString() if payload is None else payload
         check_group(group, len(payload), self.config, policy_version=self.policy_version)
         if group.lease_id:

@@ -4,9 +4,9 @@ The two streams are coroutines: a pull waiting for groups, or a push stream wait
 or for room in the buffer, waits on the core's condition and holds no thread. The core's blocking work
 (checking a group, writing the log) runs on the host's threads, and only while there is some.
 
-Groups keep their wire bytes through the buffer: a pushed group is checked (a large one where it lies,
-wire.py), the log stores the bytes that arrived, and a pulled group leaves as those bytes again. A 3.5 MiB
-group is then never parsed whole or serialized by the buffer.
+Groups keep their wire bytes through the buffer: a pushed group is parsed to be checked but the log
+stores the bytes that arrived, and a pulled group leaves as those bytes again. A 3.5 MiB group is
+then never serialized by the buffer, which roughly halves its cost per group.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
 from zerobubble.buffer.core import Buffer, PreparedGroup, Pulled, PushOutcome
 from zerobubble.buffer.metrics import BufferMetrics
 from zerobubble.buffer.read_ahead import read_ahead
-from zerobubble.buffer.wire import GroupView, read_group
 from zerobubble.common.codec import varint
 from zerobubble.common.errors import InvalidInput, ServiceError
 from zerobubble.common.not_stored import not_stored_label
@@ -34,16 +34,18 @@ GROUP_TAG = b"\x0a"  # PulledGroup.group: field 1, length-delimited
 
 @dataclass(frozen=True)
 class WireGroup:
-    """A pushed group read (wire.py), with the bytes it came in; `group` is None when they are no
-    ExperienceGroup (refused in that group's ack: a failed deserializer would end the whole stream with
-    INTERNAL)."""
+    """A pushed group parsed, with the bytes it came in; `group` is None when they are no ExperienceGroup
+    (refused in that group's ack: a failed deserializer would end the whole stream with INTERNAL)."""
 
     payload: bytes
-    group: GroupView | common_pb2.ExperienceGroup | None
+    group: common_pb2.ExperienceGroup | None
 
     @classmethod
     def parse(cls, payload: bytes) -> WireGroup:
-        return cls(payload, read_group(payload))
+        try:
+            return cls(payload, common_pb2.ExperienceGroup.FromString(payload))
+        except DecodeError:
+            return cls(payload, None)
 
 
 def pulled_group_bytes(item: Pulled) -> bytes:

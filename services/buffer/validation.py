@@ -12,7 +12,6 @@ import math
 import numpy as np
 
 from zerobubble.buffer.config import BufferServiceConfig
-from zerobubble.buffer.wire import GroupView
 from zerobubble.common.codec import decode_array
 from zerobubble.common.errors import InvalidInput, TooLarge
 from zerobubble.v1 import common_pb2
@@ -22,7 +21,6 @@ FINISH_REASONS = {common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
 # probability ~1 may come back a hair above 0; anything clearly positive is not a log-probability.
 LOGPROB_TOLERANCE = 1e-3
 MAX_ID_CHARS = 256
-JOIN_BELOW = 1 << 16  # values of all trajectories together
 
 
 def _check_name(value: str, field: str, *, required: bool) -> None:
@@ -57,17 +55,14 @@ def _logprobs_problem(logprobs: np.ndarray) -> str:
 
 
 def _check_all(arrays: list[np.ndarray], name: str, problem) -> None:
-    """Short arrays of every trajectory are checked at once (most groups pass, and numpy's cost is then per
-    call), long ones one by one (joining them would copy megabytes); a failure names the first trajectory at
-    fault."""
-    if sum(map(len, arrays)) < JOIN_BELOW and not problem(np.concatenate(arrays)):
-        return
-    for index, array in enumerate(arrays):
-        if found := problem(array):
-            raise InvalidInput(found, field=f"trajectories[{index}].{name}")
+    """One check over the arrays of every trajectory at once (most groups pass, and numpy's cost is per
+    call); on a failure, the first trajectory at fault is named."""
+    if problem(np.concatenate(arrays)):
+        index, found = next((i, problem(a)) for i, a in enumerate(arrays) if problem(a))
+        raise InvalidInput(found, field=f"trajectories[{index}].{name}")
 
 
-def check_group(group: common_pb2.ExperienceGroup | GroupView, size: int, config: BufferServiceConfig, *,
+def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServiceConfig, *,
                 policy_version: int) -> None:
     """Refuse a malformed group of `size` serialized bytes: InvalidInput, or TooLarge over a configured limit.
 
@@ -80,7 +75,7 @@ def check_group(group: common_pb2.ExperienceGroup | GroupView, size: int, config
     _check_name(group.producer_incarnation, "producer_incarnation", required=False)
     if group.sequence < 0:
         raise InvalidInput(f"must not be negative, got {group.sequence}", field="sequence")
-    if not group.prompt.prompt_id:  # an absent prompt has none
+    if not group.HasField("prompt") or not group.prompt.prompt_id:
         raise InvalidInput("must not be empty", field="prompt.prompt_id")
     prompt = decode_array(group.prompt_ids, "prompt_ids", dtype="int32", ndim=1)
     _check_length(prompt, "prompt_ids", limits.max_prompt_tokens)
