@@ -258,8 +258,7 @@ def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: 
     copy_seconds = []
 
     def publish() -> None:
-        broadcaster.publish(((name, p.detach()) for name, p in model.named_parameters()), next(versions),
-                            copy_later=True)
+        broadcaster.publish(((name, p.detach()) for name, p in model.named_parameters()), next(versions))
 
     def waited_copy() -> None:
         broadcaster.wait_copied()

@@ -2,14 +2,14 @@
 and the membership of the broadcast group (join, drop, re-form). No gRPC here: the servicer calls
 join/watch and hands the announcements to the streams.
 
-Two sets of send buffers: `publish` copies the weights into the spare set and returns; the sender
+Two sets of send buffers: a copier thread copies each published version into the spare set; the sender
 thread swaps the sets when it starts a broadcast. The set being sent is never written, so the next
 optimizer step cannot change bytes in flight, and a publish never waits for a broadcast. Publishes
 that come while one is in flight coalesce: the newest version is the next one sent.
 
-With `copy_later` even the copy leaves the caller's thread: a copier thread makes it while the caller goes
-on (the trainer: into its next step's forward and backward), and the caller waits for it (`wait_copied`)
-only before it changes the weights (the trainer: before its optimizer steps).
+The copy is made while the caller goes on (the trainer: into its next step's forward and backward), and
+the caller waits for it (`wait_copied`) only before it changes the weights (the trainer: before its
+optimizer steps).
 """
 
 from __future__ import annotations
@@ -274,15 +274,11 @@ class WeightBroadcaster:
 
     # -- publishing (called by the training loop) --
 
-    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
-                copy_later: bool = False) -> None:
-        """Copy the weights into the spare buffers and return; the broadcast runs in the background. With
-        `copy_later` the copy does too: call `wait_copied()` before changing any of the tensors."""
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Hand the weights over and return: the copier thread copies them into the spare buffers, and the sender
+        thread broadcasts them. Call `wait_copied()` before changing any of the tensors."""
         named = list(named_tensors)
         self.wait_copied()  # one copy at a time, in order
-        if not copy_later:
-            self._stage(named, version)
-            return
         with self._cond:
             self._copied.clear()
             self._copy_job = (named, version)
@@ -290,7 +286,7 @@ class WeightBroadcaster:
 
     def wait_copied(self) -> None:
         """Wait until the last publish's weights are copied (from then on they may change); raises what failed
-        the copy, as a publish without `copy_later` would have."""
+        the copy."""
         self._copied.wait()
         error, self._copy_error = self._copy_error, None
         if error is not None:

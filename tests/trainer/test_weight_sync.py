@@ -90,7 +90,7 @@ def test_a_later_copy_runs_on_its_own_thread_and_the_caller_waits_for_it_before_
     try:
         model = tiny_model(seed=3)
         snapshot = digests(model.named_parameters())
-        broadcaster.publish(model.named_parameters(), 1, copy_later=True)
+        broadcaster.publish(model.named_parameters(), 1)
         assert copying.wait(10) and threads == ["weight-copy"], "the copy is not the caller's"
         waiter = threading.Thread(target=broadcaster.wait_copied)
         waiter.start()
@@ -111,11 +111,11 @@ def test_a_later_copy_runs_on_its_own_thread_and_the_caller_waits_for_it_before_
 def test_a_later_copy_that_fails_raises_in_the_caller_at_its_wait():
     broadcaster = WeightBroadcaster(WeightSyncConfig(member_timeout_s=2)).start()
     try:
-        broadcaster.publish([("a.weight", torch.empty(3, device="meta"))], 1, copy_later=True)
+        broadcaster.publish([("a.weight", torch.empty(3, device="meta"))], 1)
         with pytest.raises(NotImplementedError):
             broadcaster.wait_copied()
         broadcaster.wait_copied()  # raised once; the next publish goes ahead
-        broadcaster.publish(_mixed(), 2, copy_later=True)
+        broadcaster.publish(_mixed(), 2)
         broadcaster.wait_copied()
         assert broadcaster.wait_synced(2, timeout=10)
     finally:
@@ -149,6 +149,7 @@ def test_publish_returns_at_once_snapshots_the_weights_and_coalesces_to_the_newe
             worker.signal(signal.SIGSTOP)
             snapshot_2 = digests(model.named_parameters())
             trainer.broadcaster.publish(model.named_parameters(), 2)
+            trainer.broadcaster.wait_copied()
             _step(model, 1.0)
             _wait_sending(trainer, 2)
             assert trainer.broadcaster.status()["synced_version"] == 1, "publish does not wait for the broadcast"
@@ -157,12 +158,15 @@ def test_publish_returns_at_once_snapshots_the_weights_and_coalesces_to_the_newe
 
             worker.signal(signal.SIGSTOP)
             trainer.broadcaster.publish(model.named_parameters(), 3)
+            trainer.broadcaster.wait_copied()
             _step(model, 1.0)
             _wait_sending(trainer, 3)
             trainer.broadcaster.publish(model.named_parameters(), 4)
+            trainer.broadcaster.wait_copied()
             _step(model, 1.0)
             snapshot_5 = digests(model.named_parameters())
             trainer.broadcaster.publish(model.named_parameters(), 5)
+            trainer.broadcaster.wait_copied()
             _step(model, 1.0)
             worker.signal(signal.SIGCONT)
             assert worker.applied(5)["digests"] == snapshot_5
