@@ -23,9 +23,10 @@ What each side uses (values read from the demo config, so the bench follows it):
   same number of samples), num_iterations 1: one optimizer update per generated batch, as the demo's trainer.
 - steps: the demo's (its prompts x buffer epochs / groups_per_step) unless --steps; zerobubble's trainer.max_steps
   and TRL's max_steps.
-- loss: the GRPO preset's (advantage (r - mean) / (std + 1e-4) per group, clip 1 -/+ clip_low/clip_high, beta
-  from the demo, sequence-mean then sample-mean aggregation) = TRL scale_rewards="group", loss_type="grpo",
-  epsilon/epsilon_high, beta; both take the group's unbiased std.
+- loss: the demo preset's, in TRL's names (TRL_LOSSES): GRPO's advantage (r - mean) / (std + 1e-4) per group
+  with sequence-mean then sample-mean aggregation = TRL scale_rewards="group", loss_type="grpo" (both take the
+  group's unbiased std); Dr.GRPO's r - mean with a sum over tokens / (samples x max_new_tokens) = scale_rewards
+  "none", loss_type="dr_grpo". Clip 1 -/+ clip_low/clip_high = epsilon/epsilon_high; beta from the demo.
 - optimizer: AdamW with the demo's lr, betas, eps, weight decay and gradient-norm clip, constant schedule, no
   warm-up, biases and norm weights not decayed on either side (TRL: the HF Trainer's rule; lr_scheduler_type
   set to constant, as TRL's default linear decay would not match).
@@ -73,6 +74,8 @@ from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.trainer.config import TrainerServiceConfig
 
 SYSTEMS = ("zerobubble", "trl")
+# The project's (advantage estimator, aggregation) -> TRL's (scale_rewards, loss_type) computing the same loss.
+TRL_LOSSES = {("grpo", "sample_level"): ("group", "grpo"), ("dr_grpo", "constant"): ("none", "dr_grpo")}
 LOAD_INTERVAL_SECONDS = 5.0
 
 
@@ -191,6 +194,11 @@ def trl_settings(setup: Setup, seed: int, steps: int, reward_url: str) -> TRLSet
         raise ValueError(f"the demo's prompts use the verifiers {sorted(verifiers)}; TRL's side takes one")
     ids = [prompts.build(message) for message in messages]
     optim, algorithm = setup.trainer.training_strategy().optim, setup.trainer.algorithm
+    loss = (algorithm.advantage_estimator, algorithm.aggregation)
+    if loss not in TRL_LOSSES:
+        raise ValueError(f"trainer.algorithm: TRL has no loss matching advantage_estimator {loss[0]!r} with "
+                         f"aggregation {loss[1]!r}; the bench takes {sorted(TRL_LOSSES)}")
+    scale_rewards, loss_type = TRL_LOSSES[loss]
     return TRLSettings(
         model=setup.assets.model, output_dir=setup.scratch / f"trl-seed{seed}",
         prompts=[tokenizer.decode(prompt_ids) for prompt_ids in ids], prompt_ids=ids,
@@ -198,7 +206,8 @@ def trl_settings(setup: Setup, seed: int, steps: int, reward_url: str) -> TRLSet
         steps=steps, seed=seed, num_generations=setup.spec.num_generations, batch_samples=setup.batch_samples,
         learning_rate=optim.lr, weight_decay=optim.weight_decay, adam_betas=optim.betas, adam_epsilon=optim.eps,
         max_grad_norm=optim.max_grad_norm, beta=algorithm.beta, epsilon_low=algorithm.clip_low,
-        epsilon_high=algorithm.clip_high, temperature=setup.trl_temperature(),
+        epsilon_high=algorithm.clip_high, scale_rewards=scale_rewards, loss_type=loss_type,
+        temperature=setup.trl_temperature(),
         max_completion_length=setup.spec.max_new_tokens, torch_threads=setup.config.pipeline.torch_threads,
     )
 

@@ -43,6 +43,8 @@ class TRLSettings(Schema):
     beta: float = Field(ge=0)
     epsilon_low: float
     epsilon_high: float
+    scale_rewards: str
+    loss_type: str
     temperature: float = Field(gt=0)
     max_completion_length: int = Field(gt=0)
     torch_threads: int | None
@@ -82,7 +84,8 @@ def main(path: str) -> int:
         # The HF Trainer clips only above 0: 0 is its "no clip", the project's null.
         max_grad_norm=settings.max_grad_norm if settings.max_grad_norm is not None else 0.0,
         beta=settings.beta, epsilon=settings.epsilon_low, epsilon_high=settings.epsilon_high,
-        loss_type="grpo", scale_rewards="group", temperature=settings.temperature, top_p=1.0, top_k=0,
+        loss_type=settings.loss_type, scale_rewards=settings.scale_rewards, temperature=settings.temperature,
+        top_p=1.0, top_k=0,
         max_completion_length=settings.max_completion_length, mask_truncated_completions=False,
         logging_steps=10, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
         dataloader_num_workers=0,

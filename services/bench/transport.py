@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -181,41 +182,70 @@ def socket_throughput(total_bytes: int, chunk_bytes: int) -> float:
     return received / elapsed
 
 
+def _through_buffer(folder: Path, shape: tuple[int, int], count: int, fsync: str,
+                    commit_every: int) -> tuple[float, int]:
+    """Seconds for `count` groups through a fresh buffer process with its log in `folder`, and the commits made."""
+    folder.mkdir()
+    buffer = BufferProcess(folder, count + 50, fsync)
+    try:
+        return _stream_through(buffer.address, shape, count, commit_every, folder / "pusher.log")
+    finally:
+        buffer.close()
+
+
+def _round(folder: Path, shape: tuple[int, int], count: int, size: int, fsync: str, commit_every: int,
+           ray_python: Path | None, *, ray_first: bool) -> dict[str, Any]:
+    """One measurement of the buffer beside its baselines (the Ray queue where `ray_python` is given), all
+    under the same load."""
+    figures: dict[str, Any] = {"load_average": round(os.getloadavg()[0], 2)}
+    ray: dict[str, Any] = {}
+    if ray_python is not None and ray_first:
+        ray = ray_queue(ray_python, shape, count)
+    seconds, figures["commits"] = _through_buffer(folder, shape, count, fsync, commit_every)
+    if ray_python is not None and not ray:
+        ray = ray_queue(ray_python, shape, count)
+    limit = socket_throughput(count * size, size)
+    figures.update(
+        seconds=round(seconds, 3),
+        groups_per_s=round(count / seconds, 1),
+        mb_per_s=round(count * size / seconds / 1e6, 1),
+        socket_mb_per_s=round(limit / 1e6, 1),
+        ratio_to_socket=round(count * size / seconds / limit, 3),
+    )
+    if ray_python is not None:
+        figures["ray_queue"] = ray
+        if "items_per_s" in ray:
+            figures["ratio_to_ray_queue"] = round(figures["groups_per_s"] / ray["items_per_s"], 2)
+    return figures
+
+
 def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Path | None = None,
-                    commit_every: int = COMMIT_EVERY, ray_python: Path = RAY_PYTHON) -> dict[str, Any]:
+                    commit_every: int = COMMIT_EVERY, ray_python: Path = RAY_PYTHON,
+                    rounds: int = 1) -> dict[str, Any]:
     """Measure every case of CASES with `scale` times its group count, the puller committing every
     `commit_every` groups, against a loopback socket and (for groups over a MiB) the reference's Ray queue
-    moving as many items of the same bytes; the figures as a JSON-able dict."""
-    results: dict[str, Any] = {"benchmark": "transport", "fsync": fsync, "commit_every": commit_every, "cases": []}
+    moving as many items of the same bytes, `rounds` times in turn; the figures of each round, and their
+    medians, as a JSON-able dict. On a machine shared with other work the load moves between rounds, and
+    a ratio is only read within one."""
+    results: dict[str, Any] = {"benchmark": "transport", "fsync": fsync, "commit_every": commit_every,
+                               "rounds": rounds, "cases": []}
     with tempfile.TemporaryDirectory(dir=workdir, prefix="zerobubble-bench-") as scratch:
         for index, (name, trajectories, tokens, groups_at_scale_1) in enumerate(CASES):
             count = max(10, int(groups_at_scale_1 * scale))
             size = template(trajectories, tokens).ByteSize()
-            folder = Path(scratch) / f"case{index}"
-            folder.mkdir()
-            buffer = BufferProcess(folder, count + 50, fsync)
-            try:
-                seconds, commits = _stream_through(buffer.address, (trajectories, tokens), count, commit_every,
-                                                   folder / "pusher.log")
-            finally:
-                buffer.close()
-            limit = socket_throughput(count * size, size)
-            case = {
-                "case": name,
-                "group_bytes": size,
-                "groups": count,
-                "commits": commits,
-                "seconds": round(seconds, 3),
-                "groups_per_s": round(count / seconds, 1),
-                "mb_per_s": round(count * size / seconds / 1e6, 1),
-                "socket_mb_per_s": round(limit / 1e6, 1),
-                "ratio_to_socket": round(count * size / seconds / limit, 3),
-            }
+            per_round = [
+                # Every other round measures the Ray queue first: neither side always runs in the other's wake.
+                _round(Path(scratch) / f"case{index}-round{i}", (trajectories, tokens), count, size, fsync,
+                       commit_every, ray_python if size > MIB else None, ray_first=i % 2 == 1)
+                for i in range(rounds)
+            ]
+            case = {"case": name, "group_bytes": size, "groups": count, "commits": per_round[0]["commits"]}
+            for key in ("groups_per_s", "mb_per_s", "socket_mb_per_s", "ratio_to_socket", "ratio_to_ray_queue"):
+                if all(key in figures for figures in per_round):
+                    case[key] = statistics.median(figures[key] for figures in per_round)
             if size > MIB:
-                ray = ray_queue(ray_python, (trajectories, tokens), count)
-                case["ray_queue"] = ray
-                if "items_per_s" in ray:
-                    case["ratio_to_ray_queue"] = round(case["groups_per_s"] / ray["items_per_s"], 2)
+                case["ray_queue"] = per_round[-1]["ray_queue"]
+            case["rounds"] = per_round
             results["cases"].append(case)
     return results
 
@@ -229,6 +259,9 @@ def register_bench(benches) -> None:
     parser.add_argument("--workdir", type=Path, help="where the buffer keeps its log (default: a temp dir)")
     parser.add_argument("--commit-every", type=int, default=COMMIT_EVERY,
                         help="groups per training step: the puller commits after each")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each case and its baselines this many times in turn; medians are reported "
+                        "beside every round's figures and load average")
     parser.add_argument("--ray-python", type=Path, default=RAY_PYTHON,
                         help="the Ray environment's interpreter (`make ray-env`); where absent the Ray queue is "
                         "skipped, saying so")
@@ -240,6 +273,8 @@ def _measure(args) -> dict:
         raise ConfigError(f"--scale: must be above 0, got {args.scale}")
     if args.commit_every < 1:
         raise ConfigError(f"--commit-every: must be at least 1, got {args.commit_every}")
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds: must be at least 1, got {args.rounds}")
     return bench_transport(scale=args.scale, fsync=args.fsync, workdir=args.workdir, commit_every=args.commit_every,
-                           ray_python=args.ray_python)
+                           ray_python=args.ray_python, rounds=args.rounds)
 

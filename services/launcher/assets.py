@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from zerobubble.common.data import DataSpec, load_data
 from zerobubble.launcher.config import UpConfig
+from zerobubble.rollout.prompting import system_prompt
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +31,10 @@ def prepare_assets(config: UpConfig, cache: Path) -> RunAssets:
         from zerobubble.tiny.task import make_arithmetic_task
 
         task_dir = cache / (f"arithmetic-{task.train_size}-{task.eval_size}-{task.seed}"
-                            f"-{task.max_operand}{task.operations}")
+                            f"-{task.max_operand}{task.operations}x{task.operands}")
         if not (task_dir / "eval.jsonl").exists():
             make_arithmetic_task(task_dir, train_size=task.train_size, eval_size=task.eval_size, seed=task.seed,
-                                 max_operand=task.max_operand, operations=task.operations)
+                                 max_operand=task.max_operand, operations=task.operations, operands=task.operands)
         train = task_dir / "train.jsonl"
         held_out = held_out or task_dir / "eval.jsonl"
     model = config.model
@@ -59,8 +61,12 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
     from zerobubble.tiny.warm_start import warm_start
 
     tiny = config.tiny_model
+    # The warm start trains on the prompts the workers will send: the boxed verifier's system prompt unless the
+    # run sets its own.
+    prompt = system_prompt("boxed", config.rollout.get("reward", {}).get("system_prompt"))
     directory = cache / (f"tiny-{tiny.size}-seed{tiny.seed}-warm{tiny.warm_start_steps}"
-                         f"-ls{tiny.warm_start_label_smoothing:g}-{train.parent.name}")
+                         f"-ls{tiny.warm_start_label_smoothing:g}-sys{hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
+                         f"-{train.parent.name}")
     if (directory / "ready.json").exists():
         return directory
     partial = directory.with_name(directory.name + ".partial")
@@ -74,7 +80,7 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
         log.info("warm start: %d supervised steps on %s", tiny.warm_start_steps, train)
         rows = train if config.train_data is None else _task_rows(config, train, partial / "warm-start.jsonl")
         figures = warm_start(partial, rows, steps=tiny.warm_start_steps, seed=tiny.seed,
-                             label_smoothing=tiny.warm_start_label_smoothing)
+                             label_smoothing=tiny.warm_start_label_smoothing, system_prompt=prompt)
     (partial / "ready.json").write_text(json.dumps(figures, default=str))
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)

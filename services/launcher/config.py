@@ -37,14 +37,15 @@ class ArithmeticTask(Schema):
     seed: int = 0
     max_operand: int = Field(9, ge=1, description="operands are 0..max_operand")
     operations: str = Field("+-", pattern=r"^[+-]+$", description="the operators questions use: +, - or both")
+    operands: int = Field(2, ge=2, le=6, description="numbers per question, worked left to right")
 
     @model_validator(mode="after")
     def _enough_questions(self):
-        distinct = (self.max_operand + 1) ** 2 * len(set(self.operations))
+        distinct = (self.max_operand + 1) ** self.operands * len(set(self.operations)) ** (self.operands - 1)
         if self.train_size + self.eval_size > distinct:
             raise ValueError(f"train_size + eval_size = {self.train_size + self.eval_size} exceeds the {distinct} "
-                             f"distinct questions with max_operand {self.max_operand} and operations "
-                             f"{self.operations!r}")
+                             f"distinct questions of {self.operands} operands with max_operand {self.max_operand} "
+                             f"and operations {self.operations!r}")
         return self
 
 

@@ -38,12 +38,14 @@ def cmd_make_tiny_model(args) -> int:
     }
     if args.warm_start_task is not None:
         report["warm_start"] = warm_start(out_dir, args.warm_start_task / "train.jsonl", steps=args.warm_start_steps,
-                                          seed=args.seed, label_smoothing=args.warm_start_label_smoothing)
+                                          seed=args.seed, label_smoothing=args.warm_start_label_smoothing,
+                                          system_prompt=args.system_prompt)
         eval_jsonl = args.warm_start_task / "eval.jsonl"
         if args.eval_samples > 0 and eval_jsonl.is_file():
             started = time.perf_counter()
             figures = evaluate(out_dir, eval_jsonl, samples_per_prompt=args.eval_samples, temperature=1.0,
-                               max_new_tokens=args.max_new_tokens, seed=args.seed)
+                               max_new_tokens=args.max_new_tokens, seed=args.seed,
+                               system_prompt=args.system_prompt)
             report["eval"] = {**figures, "seconds": round(time.perf_counter() - started, 3)}
     print(json.dumps(report), flush=True)
     return 0
@@ -54,14 +56,21 @@ def cmd_make_task(args) -> int:
 
     train, held_out = make_arithmetic_task(args.dir, train_size=args.train_size, eval_size=args.eval_size,
                                            seed=args.seed, max_operand=args.max_operand,
-                                           operations=args.operations)
+                                           operations=args.operations, operands=args.operands)
     print(json.dumps({"task": args.task, "train": str(train), "eval": str(held_out),
                       "train_size": args.train_size, "eval_size": args.eval_size}), flush=True)
     return 0
 
 
 def register(subparsers) -> None:
-    from zerobubble.tiny.task import DEFAULT_EVAL_SIZE, DEFAULT_MAX_OPERAND, DEFAULT_OPERATIONS, DEFAULT_TRAIN_SIZE
+    from zerobubble.rollout.prompting import SYSTEM_PROMPTS
+    from zerobubble.tiny.task import (
+        DEFAULT_EVAL_SIZE,
+        DEFAULT_MAX_OPERAND,
+        DEFAULT_OPERANDS,
+        DEFAULT_OPERATIONS,
+        DEFAULT_TRAIN_SIZE,
+    )
     from zerobubble.tiny.warm_start import DEFAULT_LABEL_SMOOTHING, DEFAULT_STEPS
 
     model = subparsers.add_parser("make-tiny-model", help="write a tiny Qwen2-architecture model and tokenizer")
@@ -73,6 +82,9 @@ def register(subparsers) -> None:
     model.add_argument("--warm-start-steps", type=int, default=DEFAULT_STEPS, help="supervised steps")
     model.add_argument("--warm-start-label-smoothing", type=float, default=DEFAULT_LABEL_SMOOTHING,
                        help="label smoothing of the warm start (leaves the model unsure, for RL to sharpen)")
+    model.add_argument("--system-prompt", default=SYSTEM_PROMPTS["boxed"],
+                       help="the system prompt the rollout workers will send ('' for none; default: the reference's "
+                       "for the boxed verifier, which they send unless rollout.reward.system_prompt says otherwise)")
     model.add_argument("--eval-samples", type=int, default=4, help="samples per eval prompt (0 skips the eval)")
     model.add_argument("--max-new-tokens", type=int, default=16, help="eval response length limit")
     model.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 keeps torch's default)")
@@ -85,6 +97,7 @@ def register(subparsers) -> None:
     task.add_argument("--eval-size", type=int, default=DEFAULT_EVAL_SIZE)
     task.add_argument("--max-operand", type=int, default=DEFAULT_MAX_OPERAND, help="operands are 0..N")
     task.add_argument("--operations", default=DEFAULT_OPERATIONS, help="the operators questions use: +, - or +-")
+    task.add_argument("--operands", type=int, default=DEFAULT_OPERANDS, help="numbers per question")
     task.add_argument("--seed", type=int, default=0)
     task.set_defaults(run=cmd_make_task)
 

@@ -1,24 +1,22 @@
 """A synthetic arithmetic task small enough for a 1-5M parameter byte-level model to learn in minutes.
 
-Questions are short additions and subtractions of small numbers ("12+7=", "5-9="); the answer is the
-integer, written by the model as \\boxed{19} and checked by the `boxed` verifier. Files follow the math
-format of the reference: one JSON object per line with `messages` and `gt_answer`.
+Questions are short additions and subtractions of small numbers ("12+7=", "5-9=", "3+8+6="), worked left to
+right; the answer is the integer, written by the model as \\boxed{19} and checked by the `boxed` verifier. Files
+follow the math format of the reference: one JSON object per line with `messages` and `gt_answer`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
-# The reference's default system prompt for the `boxed` verifier; the rollout worker sends it before the
-# user message, so the warm start trains on exactly that layout.
-BOXED_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
-
-# Single-digit operands: 200 distinct questions, learnable by a 1M-parameter model in a few hundred steps.
+# Two single-digit operands: 200 distinct questions, learnable by a 1M-parameter model in a few hundred steps.
 DEFAULT_MAX_OPERAND = 9
 DEFAULT_OPERATIONS = "+-"
+DEFAULT_OPERANDS = 2
 OPERATIONS = {"+": int.__add__, "-": int.__sub__}
 DEFAULT_TRAIN_SIZE = 150
 DEFAULT_EVAL_SIZE = 50
@@ -30,17 +28,23 @@ class TaskRow:
     gt_answer: str
 
 
-def all_questions(max_operand: int, operations: str = DEFAULT_OPERATIONS) -> list[tuple[str, str]]:
-    """Every (question, answer) with operands in [0, max_operand] and an operator of `operations`, in a fixed order."""
+def all_questions(max_operand: int, operations: str = DEFAULT_OPERATIONS,
+                  operands: int = DEFAULT_OPERANDS) -> list[tuple[str, str]]:
+    """Every (question, answer) of `operands` numbers in [0, max_operand] joined by operators of `operations`,
+    in a fixed order."""
     unknown = set(operations) - set(OPERATIONS)
     if not operations or unknown:
         raise ValueError(f"operations {operations!r}: give one or more of {''.join(OPERATIONS)}")
-    return [
-        (f"{a}{op}{b}=", str(OPERATIONS[op](a, b)))
-        for a in range(max_operand + 1)
-        for b in range(max_operand + 1)
-        for op in dict.fromkeys(operations)
-    ]
+    if operands < 2:
+        raise ValueError(f"operands {operands}: a question needs at least 2")
+    questions = []
+    for numbers in itertools.product(range(max_operand + 1), repeat=operands):
+        for operators in itertools.product(dict.fromkeys(operations), repeat=operands - 1):
+            value, text = numbers[0], str(numbers[0])
+            for operator, number in zip(operators, numbers[1:], strict=True):
+                value, text = OPERATIONS[operator](value, number), f"{text}{operator}{number}"
+            questions.append((f"{text}=", str(value)))
+    return questions
 
 
 def make_arithmetic_task(
@@ -51,16 +55,17 @@ def make_arithmetic_task(
     seed: int = 0,
     max_operand: int = DEFAULT_MAX_OPERAND,
     operations: str = DEFAULT_OPERATIONS,
+    operands: int = DEFAULT_OPERANDS,
 ) -> tuple[Path, Path]:
     """Write train.jsonl and a held-out eval.jsonl (no question in both); return their paths.
 
     Train rows carry `messages` as one object, eval rows as a one-element list: readers must take both.
     """
-    questions = all_questions(max_operand, operations)
+    questions = all_questions(max_operand, operations, operands)
     if train_size + eval_size > len(questions):
         raise ValueError(
             f"train_size + eval_size = {train_size + eval_size} exceeds the {len(questions)} distinct questions "
-            f"with operands up to {max_operand} and operations {operations!r}"
+            f"of {operands} operands up to {max_operand} and operations {operations!r}"
         )
     random.Random(seed).shuffle(questions)
     out_dir = Path(out_dir)
@@ -88,9 +93,9 @@ def read_task(path: Path) -> list[TaskRow]:
     return rows
 
 
-def chat_messages(row: TaskRow) -> list[dict[str, str]]:
-    """The conversation the rollout worker sends for the `boxed` verifier: system prompt, then the row's."""
-    return [{"role": "system", "content": BOXED_SYSTEM_PROMPT}, *row.messages]
+def chat_messages(row: TaskRow, system_prompt: str) -> list[dict[str, str]]:
+    """The conversation the rollout worker sends: its system prompt for the verifier (if any), then the row's."""
+    return [{"role": "system", "content": system_prompt}, *row.messages] if system_prompt else list(row.messages)
 
 
 def target_response(gt_answer: str) -> str:

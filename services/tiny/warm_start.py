@@ -36,11 +36,11 @@ class Example:
     response_ids: list[int]
 
 
-def encode_examples(tokenizer, rows: list[TaskRow]) -> list[Example]:
+def encode_examples(tokenizer, rows: list[TaskRow], system_prompt: str) -> list[Example]:
     """Chat-templated prompt (system + user + generation prompt) and the target response with end of turn."""
     return [
         Example(
-            prompt_ids=list(tokenizer.apply_chat_template(chat_messages(row), add_generation_prompt=True,
+            prompt_ids=list(tokenizer.apply_chat_template(chat_messages(row, system_prompt), add_generation_prompt=True,
                                                           tokenize=True, return_dict=False)),
             response_ids=tokenizer(target_response(row.gt_answer), add_special_tokens=False)["input_ids"]
             + [tokenizer.eos_token_id],
@@ -72,12 +72,15 @@ def warm_start(
     lr: float = 3e-3,
     batch_size: int = 32,
     label_smoothing: float = DEFAULT_LABEL_SMOOTHING,
+    system_prompt: str,
 ) -> dict:
-    """Fine-tune the model in model_dir on the task's targets for `steps` AdamW steps; save it in place."""
+    """Fine-tune the model in model_dir on the task's targets for `steps` AdamW steps; save it in place.
+
+    system_prompt: the one the rollout workers will send (empty: none), so the warm start sees their prompts."""
     model_dir = Path(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    examples = encode_examples(tokenizer, read_task(train_jsonl))
+    examples = encode_examples(tokenizer, read_task(train_jsonl), system_prompt)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     # Short runs end far lower when the rate warms up briefly and then decays to a tenth.
     warmup = max(1, steps // 10)
@@ -124,6 +127,7 @@ def evaluate(
     max_new_tokens: int = 16,
     batch_size: int = 64,
     seed: int = 0,
+    system_prompt: str,
 ) -> dict:
     """Sample responses to every eval prompt and score them as the `boxed` verifier does.
 
@@ -134,7 +138,7 @@ def evaluate(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     rows = read_task(eval_jsonl)
     prompts = [
-        tokenizer.apply_chat_template(chat_messages(row), add_generation_prompt=True, tokenize=False)
+        tokenizer.apply_chat_template(chat_messages(row, system_prompt), add_generation_prompt=True, tokenize=False)
         for row in rows
         for _ in range(samples_per_prompt)
     ]
@@ -159,10 +163,3 @@ def evaluate(
     return {"accuracy": correct / total, "format": formatted / total, "samples": total,
             "temperature": temperature}
 
-
-def evaluate_accuracy(
-    model_dir: Path, eval_jsonl: Path, *, samples_per_prompt: int, temperature: float, max_new_tokens: int
-) -> float:
-    """Share of sampled responses the `boxed` verifier accepts."""
-    return evaluate(model_dir, eval_jsonl, samples_per_prompt=samples_per_prompt, temperature=temperature,
-                    max_new_tokens=max_new_tokens)["accuracy"]

@@ -62,7 +62,13 @@ def test_a_task_asking_more_questions_than_exist_is_refused_before_anything_runs
     assert up_config(parse("--set", "task.max_operand=99", "--set", "task.operations=+",
                            "--set", "task.train_size=9950")).task.train_size == 9950
     with pytest.raises(ConfigError, match="task.*distinct questions"):
-        up_config(parse("--set", "task.max_operand=9", "--set", "task.operations=+", "--set", "task.train_size=90"))
+        up_config(parse("--set", "task.max_operand=9", "--set", "task.operations=+", "--set", "task.operands=2",
+                        "--set", "task.train_size=90"))
+    # A third operand makes a thousand sums of single digits.
+    assert up_config(parse("--set", "task.max_operand=9", "--set", "task.operations=+", "--set", "task.operands=3",
+                           "--set", "task.train_size=950")).task.train_size == 950
+    with pytest.raises(ConfigError, match="task.operands"):
+        up_config(parse("--set", "task.operands=1"))
     with pytest.raises(ConfigError, match="task.operations"):
         up_config(parse("--set", "task.operations=x"))
 

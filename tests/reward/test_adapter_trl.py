@@ -53,6 +53,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory):
+    from zerobubble.rollout.prompting import SYSTEM_PROMPTS
     from zerobubble.tiny.model import make_tiny_model
     from zerobubble.tiny.task import make_arithmetic_task, read_task
     from zerobubble.tiny.warm_start import warm_start
@@ -62,7 +63,7 @@ def warm_model(tmp_path_factory):
     train, _ = make_arithmetic_task(folder / "task", train_size=8, eval_size=1, seed=0)
     # A short supervised start on the same eight questions: the model writes \boxed{...}, right often enough
     # and wrong often enough at temperature 1 for both rewards to appear.
-    warm_start(model, train, steps=120, batch_size=16)
+    warm_start(model, train, steps=120, batch_size=16, system_prompt=SYSTEM_PROMPTS["boxed"])
     return model, read_task(train)
 
 
@@ -70,10 +71,12 @@ def test_grpo_trainer_steps_with_the_adapter_as_reward(warm_model, tmp_path):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from zerobubble.rollout.prompting import SYSTEM_PROMPTS
     from zerobubble.tiny.task import chat_messages
 
     model_dir, rows = warm_model
-    dataset = Dataset.from_list([{"prompt": chat_messages(row), "gt_answer": row.gt_answer} for row in rows])
+    dataset = Dataset.from_list([{"prompt": chat_messages(row, SYSTEM_PROMPTS["boxed"]), "gt_answer": row.gt_answer}
+                                 for row in rows])
     config = GRPOConfig(
         output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=8, num_generations=4,
         max_completion_length=12, learning_rate=1e-4, beta=0.0, logging_steps=1, save_strategy="no",

@@ -9,8 +9,8 @@ import pytest
 
 from zerobubble.reward.extraction import extract_boxed
 from zerobubble.reward.math_judge import judge
+from zerobubble.rollout.prompting import SYSTEM_PROMPTS
 from zerobubble.tiny.task import (
-    BOXED_SYSTEM_PROMPT,
     all_questions,
     chat_messages,
     make_arithmetic_task,
@@ -97,6 +97,19 @@ def test_unknown_operations_are_refused(tmp_path):
             make_arithmetic_task(tmp_path, operations=operations)
 
 
-def test_chat_layout_puts_the_boxed_system_prompt_first(task):
+def test_chat_layout_puts_the_system_prompt_first_or_none(task):
     row = read_task(task[1])[0]
-    assert chat_messages(row) == [{"role": "system", "content": BOXED_SYSTEM_PROMPT}, *row.messages]
+    assert chat_messages(row, SYSTEM_PROMPTS["boxed"]) == [{"role": "system", "content": SYSTEM_PROMPTS["boxed"]},
+                                                          *row.messages]
+    assert chat_messages(row, "") == row.messages
+
+
+def test_three_operand_sums_are_worked_left_to_right_and_all_distinct(tmp_path):
+    questions = all_questions(9, "+-", operands=3)
+    assert len(questions) == len(set(questions)) == 10 ** 3 * 2 ** 2
+    answers = dict(questions)
+    assert answers["9-4+7="] == "12" and answers["0-9-9="] == "-18" and answers["3+8+6="] == "17"
+    # Two operands keep the order (and so the cached files) of the two-operand task.
+    assert all_questions(9, "+-", operands=2) == all_questions(9)
+    with pytest.raises(ValueError, match="operands"):
+        all_questions(9, "+", operands=1)

@@ -11,7 +11,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerobubble.tiny.model import make_tiny_model
 from zerobubble.tiny.task import read_task
-from zerobubble.tiny.warm_start import IGNORE_INDEX, collate, encode_examples, evaluate, evaluate_accuracy, warm_start
+from zerobubble.tiny.warm_start import IGNORE_INDEX, collate, encode_examples, evaluate, warm_start
+
+# The rollout workers' prompt layout when the run sends no system prompt, as the demo does.
+NO_SYSTEM_PROMPT = ""
 
 
 def write_rows(path, rows: dict[str, str]):
@@ -39,12 +42,13 @@ def response_loss(model_dir, jsonl) -> float:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     with torch.inference_mode():
-        return model(**collate(encode_examples(tokenizer, read_task(jsonl)), tokenizer.pad_token_id)).loss.item()
+        batch = collate(encode_examples(tokenizer, read_task(jsonl), NO_SYSTEM_PROMPT), tokenizer.pad_token_id)
+        return model(**batch).loss.item()
 
 
 def test_collate_trains_only_on_the_response_and_end_of_turn(tmp_path, two_questions):
     tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path / "m", size="1m"))
-    batch = collate(encode_examples(tokenizer, read_task(two_questions)), tokenizer.pad_token_id)
+    batch = collate(encode_examples(tokenizer, read_task(two_questions), NO_SYSTEM_PROMPT), tokenizer.pad_token_id)
     for labels in batch["labels"]:
         targets = labels[labels != IGNORE_INDEX].tolist()
         assert targets[-1] == tokenizer.eos_token_id
@@ -57,9 +61,10 @@ def test_warm_start_lowers_the_loss_saves_in_place_and_is_scored(tmp_path):
     model_dir = make_tiny_model(tmp_path / "m", size="1m", seed=0)
     before_weights = load_file(model_dir / "model.safetensors")
     before_loss = response_loss(model_dir, one_question)
-    assert evaluate_accuracy(model_dir, one_question, samples_per_prompt=1, temperature=0.0, max_new_tokens=8) == 0.0
+    assert evaluate(model_dir, one_question, samples_per_prompt=1, temperature=0.0, max_new_tokens=8,
+                    system_prompt=NO_SYSTEM_PROMPT)["accuracy"] == 0.0
 
-    figures = warm_start(model_dir, one_question, steps=60, batch_size=4, lr=3e-3)
+    figures = warm_start(model_dir, one_question, steps=60, batch_size=4, lr=3e-3, system_prompt=NO_SYSTEM_PROMPT)
 
     assert figures["steps"] == 60 and figures["seconds"] > 0
     assert figures["final_loss"] < figures["initial_loss"]
@@ -67,8 +72,10 @@ def test_warm_start_lowers_the_loss_saves_in_place_and_is_scored(tmp_path):
     assert not torch.equal(before_weights["model.embed_tokens.weight"], after_weights["model.embed_tokens.weight"])
     assert response_loss(model_dir, one_question) < before_loss / 4
     # Memorised: the greedy answer is boxed, ends the turn, and the verifier's logic accepts it...
-    assert evaluate(model_dir, one_question, samples_per_prompt=1, temperature=0.0, max_new_tokens=12) == {
+    assert evaluate(model_dir, one_question, samples_per_prompt=1, temperature=0.0, max_new_tokens=12,
+                    system_prompt=NO_SYSTEM_PROMPT) == {
         "accuracy": 1.0, "format": 1.0, "samples": 1, "temperature": 0.0}
     # ...and refuses it against another gold answer.
     other_gold = write_rows(tmp_path / "other.jsonl", {"3+4=": "8"})
-    assert evaluate(model_dir, other_gold, samples_per_prompt=2, temperature=0.0, max_new_tokens=12)["accuracy"] == 0.0
+    assert evaluate(model_dir, other_gold, samples_per_prompt=2, temperature=0.0, max_new_tokens=12,
+                    system_prompt=NO_SYSTEM_PROMPT)["accuracy"] == 0.0
