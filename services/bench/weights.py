@@ -9,8 +9,9 @@ trainer service and weight receiver), in alternating phases with a fixed number 
 reported as medians with their spread, and with how many of the steps a sync actually overlapped.
 Then the fan-out: the sync of one size to 1, 2, 4 and 8 worker processes (the real broadcaster and weight
 receivers, the engines left out), each round against one flat torch.distributed broadcast of the same bytes to the
-same processes over a plain gloo group, alternating, with the CPU seconds every process spent in each (how many
-of the machine's cores the transfer kept busy).
+same processes over a plain gloo group, taking turns at going first, with the CPU seconds every process spent in each
+(how many of the machine's cores the transfer kept busy), the copy into the send buffers, and the sync split into its
+parts along its critical path (announcement, posting the receives, transfer, acknowledgements; see _sync_parts).
 Last, LoRA on the demo's tiny model: a sync of the adapters alone against a sync of the full weights, each through
 the real broadcaster to a worker process whose transformers engine applies it, and each engine's time to apply one.
 """
@@ -75,10 +76,16 @@ def _barrier(group) -> None:
     wait_broadcast([group.allreduce([torch.zeros(1)])])
 
 
-def _modes(model: torch.nn.Module, manifest: Manifest, buffers: list[torch.Tensor]) -> dict:
+def _modes(model: torch.nn.Module, buffers: list[torch.Tensor]) -> dict:
     """The three ways of moving the same weights; each is a list of tensors, broadcast one call per tensor."""
     params = [p.data for _, p in model.named_parameters()]
-    return {"bucketed": buffers, "per_tensor": params, "flat": [torch.empty(manifest.total_bytes, dtype=torch.uint8)]}
+    return {"bucketed": buffers, "per_tensor": params, "flat": [_flat_copy(buffers)]}
+
+
+def _flat_copy(buffers: list[torch.Tensor]) -> torch.Tensor:
+    """The buckets' bytes in one tensor. Never a fresh torch.empty as a sender's source: its pages, never written,
+    all map the kernel's one zero page, which a send reads from cache, so it would beat any real weights' bytes."""
+    return torch.cat(buffers)
 
 
 def _send(group, tensors: list[torch.Tensor], one_at_a_time: bool) -> None:
@@ -97,7 +104,7 @@ def _raw_child(port: int, size: str, dtype_name: str, bucket_mb: float, repeats:
     manifest = Manifest.plan(model.named_parameters(), int(bucket_mb * MIB))
     buffers = manifest.allocate()
     group = form_group(store, 1, 1, 2, backend="gloo", timeout_s=TIMEOUT_S, address="127.0.0.1")
-    targets = _modes(model, manifest, buffers)
+    targets = _modes(model, buffers)
     for _ in range(repeats):
         for mode, tensors in targets.items():
             _barrier(group)
@@ -123,7 +130,7 @@ def _measure_size(size: str, dtype: torch.dtype, bucket_mb: float, repeats: int)
                               str(bucket_mb), str(repeats)])
     try:
         group = form_group(store, 1, 0, 2, backend="gloo", timeout_s=TIMEOUT_S, address="127.0.0.1")
-        sources = _modes(model, manifest, buffers)
+        sources = _modes(model, buffers)
         times: dict[str, list[float]] = {mode: [] for mode in sources}
         for _ in range(repeats):
             for mode, tensors in sources.items():
@@ -248,15 +255,20 @@ def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: 
     broadcaster = bench.broadcaster
     versions = iter(range(1_000_000))
 
+    copy_seconds = []
+
     def publish() -> None:
-        broadcaster.publish(((name, p.detach()) for name, p in model.named_parameters()), next(versions),
-                            copy_later=True)
+        broadcaster.publish(((name, p.detach()) for name, p in model.named_parameters()), next(versions))
+
+    def waited_copy() -> None:
+        broadcaster.wait_copied()
+        copy_seconds.append(broadcaster.status()["last_copy_seconds"])
 
     def phase(with_sync: bool, count: int) -> list[_Step]:
         if not with_sync:
             return _train_steps(model, optimizer, batch, count)
         publish()  # in flight from the first measured step on
-        timed = _train_steps(model, optimizer, batch, count, publish, broadcaster.wait_copied)
+        timed = _train_steps(model, optimizer, batch, count, publish, waited_copy)
         broadcaster.wait_copied()
         broadcaster.wait_synced(broadcaster.status()["published_version"], TIMEOUT_S)
         while broadcaster.status()["sending_version"] != -1:  # the sender thread is done with it, span noted
@@ -299,6 +311,7 @@ def _measure_step(size: str, rounds: int, steps: int, batch_size: int, seq_len: 
         "step_cpu_seconds": cpu_seconds, "step_cpu_seconds_with_sync": cpu_seconds_with_sync,
         "cpu_slowdown": cpu_seconds_with_sync / cpu_seconds,
         "publish_seconds": median(step.publish_seconds for step in synced),
+        "copy_seconds": median(copy_seconds),
         "copy_wait_seconds": median(step.copy_wait_seconds for step in synced),
         "sync_seconds": median(end - begin for begin, end in spans),
         "end_to_end_sync_seconds": first_sync,
@@ -385,6 +398,8 @@ def _fanout_child(port: int, rank: int, world: int, nbytes: int, rounds: int, ad
             _send(group, [flat], one_at_a_time=False)
             _barrier(group)
         _barrier(group)  # the parent's last sync is acknowledged: leaving now drops nobody mid-version
+        store.set(f"receive_times/{rank}", json.dumps([vars(times) for times in receiver.recent_times]))
+        _barrier(group)
         receiver.close()
     _exit_now()
 
@@ -431,32 +446,52 @@ def _cpu_figures(spans: list[_CpuSpan]) -> dict:
 
 def _measure_fanout_count(named: list[tuple[str, torch.Tensor]], receivers: int, repeats: int,
                           bucket_mb: float) -> dict:
-    nbytes = Manifest.plan(named, int(bucket_mb * MIB)).total_bytes
+    manifest = Manifest.plan(named, int(bucket_mb * MIB))
+    buffers = manifest.allocate()
+    manifest.pack(named, buffers)
+    flat = [_flat_copy(buffers)]  # the same bytes as the sync's
+    nbytes = manifest.total_bytes
     rounds = repeats + 1  # the first round warms both paths (buffers, connections) and is not counted
     bench = _SyncBench(bucket_mb)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S))
     bench.spawn_fanout(store.port, receivers, nbytes, rounds)
-    flat = [torch.empty(nbytes, dtype=torch.uint8)]
     pids = [child.pid for child in bench.children]
-    flat_spans, sync_spans, sync_seconds = [], [], []
+    flat_spans, sync_spans, sync_seconds, copy_seconds = [], [], [], []
+    trainer_times: dict[int, dict[str, float]] = {}
     try:
         group = form_group(store, 0, 0, receivers + 1, backend="gloo", timeout_s=TIMEOUT_S, address="127.0.0.1")
         bench.wait_member()
         bench.sync(named)  # forms the broadcaster's group
-        for _ in range(rounds):
+        for round_number in range(rounds):
+            # Sync and flat broadcast take turns going first, so that what one leaves behind (caches, the other
+            # load of the machine) falls on both alike.
+            if round_number % 2:
+                with _CpuSpan(pids) as sync_span:
+                    bench.sync(named)
             _barrier(group)
             with _CpuSpan(pids) as flat_span:
                 _send(group, flat, one_at_a_time=False)
                 _barrier(group)
-            with _CpuSpan(pids) as sync_span:
-                bench.sync(named)
+            if not round_number % 2:
+                with _CpuSpan(pids) as sync_span:
+                    bench.sync(named)
             flat_spans.append(flat_span)
             sync_spans.append(sync_span)
-            sync_seconds.append(bench.broadcaster.status()["last_sync_seconds"])
+            status = bench.broadcaster.status()
+            sync_seconds.append(status["last_sync_seconds"])
+            copy_seconds.append(status["last_copy_seconds"])
+            trainer_times[status["synced_version"]] = status["last_sync_times"]
+        _barrier(group)
+        receive_times = []
+        for rank in range(1, receivers + 1):
+            store.wait([f"receive_times/{rank}"])
+            receive_times.append({t["version"]: t for t in json.loads(store.get(f"receive_times/{rank}"))})
         _barrier(group)
     finally:
         bench.close()
-    flat_spans, sync_spans, sync_seconds = flat_spans[1:], sync_spans[1:], sync_seconds[1:]
+    flat_spans, sync_spans = flat_spans[1:], sync_spans[1:]
+    sync_seconds, copy_seconds = sync_seconds[1:], copy_seconds[1:]
+    versions = sorted(trainer_times)[1:]
     flat_seconds = median(span.wall for span in flat_spans)
     end_to_end = median(span.wall for span in sync_spans)
     return {
@@ -466,9 +501,34 @@ def _measure_fanout_count(named: list[tuple[str, torch.Tensor]], receivers: int,
         "end_to_end_sync_seconds": end_to_end,
         "limit_ratio": flat_seconds / median(sync_seconds),
         "end_to_end_limit_ratio": flat_seconds / end_to_end,
+        "copy_seconds": median(copy_seconds),
         "flat_cpu": _cpu_figures(flat_spans),
         "sync_cpu": _cpu_figures(sync_spans),
+        "sync_parts": _sync_parts([trainer_times[v] for v in versions],
+                                  [[times[v] for times in receive_times] for v in versions]),
     }
+
+
+def _sync_parts(trainer: list[dict[str, float]], workers: list[list[dict[str, float]]]) -> dict:
+    """Median seconds of each part of the sync over the rounds, from the wall-clock times the broadcaster and the
+    workers noted (all on this host's clock). Along the critical path, each part ends when the last process got
+    there: `announce` the announcement reached the last worker (gRPC stream); `prepare` the last worker posted its
+    buffers for the broadcast; `transfer` the last worker has the last bucket; `acknowledge` the last worker starts
+    writing its acknowledgement; `notice` the trainer has read them all (the store's round trips). Beside them:
+    `before_announce`, the broadcaster's work before it announced, and `sent`, from the announcement until the
+    trainer's own sends completed."""
+    names = ("before_announce", "announce", "prepare", "transfer", "acknowledge", "notice", "sent")
+    parts: dict[str, list[float]] = {name: [] for name in names}
+    for sync, receives in zip(trainer, workers, strict=True):
+        last = {key: max(r[key] for r in receives) for key in ("announced", "ready", "received", "acknowledging")}
+        parts["before_announce"].append(sync["announced"] - sync["started"])
+        parts["announce"].append(last["announced"] - sync["announced"])
+        parts["prepare"].append(last["ready"] - last["announced"])
+        parts["transfer"].append(last["received"] - last["ready"])
+        parts["acknowledge"].append(last["acknowledging"] - last["received"])
+        parts["notice"].append(sync["acknowledged"] - last["acknowledging"])
+        parts["sent"].append(sync["sent"] - sync["announced"])
+    return {name: median(values) for name, values in parts.items()}
 
 
 def _measure_fanout(size: str, counts: list[int], dtype: torch.dtype, repeats: int, bucket_mb: float) -> dict:

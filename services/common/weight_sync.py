@@ -230,19 +230,7 @@ def wait_broadcast(works: Sequence[dist.Work], *, abandoned: Callable[[], bool] 
 def _all_done(works: Sequence[dist.Work]) -> threading.Event:
     """An event set once every work has completed, failed ones included."""
     done = threading.Event()
-    left = [len(works)]
-    lock = threading.Lock()
-
-    def one_done(_future) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0] == 0:
-                done.set()
-
-    if not works:
-        done.set()
-    for work in works:
-        work.get_future().add_done_callback(one_done)
+    torch.futures.collect_all([work.get_future() for work in works]).add_done_callback(lambda _: done.set())
     return done
 
 

@@ -12,7 +12,9 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
@@ -62,6 +64,17 @@ class ReceiverMetrics:
         )
 
 
+@dataclass(frozen=True)
+class ReceiveTimes:
+    """Wall-clock times of one version's receive, to set beside the trainer's (`last_sync_times`) on one host."""
+
+    version: int
+    announced: float  # the announcement arrived
+    ready: float      # the group is formed and the buffers are posted for the broadcast
+    received: float   # the last bucket is in
+    acknowledging: float  # the acknowledgement is about to be written
+
+
 class WeightReceiver:
     def __init__(self, trainer: TrainerClient, worker_id: str, device: str = "cpu", *,
                  registry: CollectorRegistry | None = None, first_backoff_s: float = 0.1, max_backoff_s: float = 5.0):
@@ -79,14 +92,16 @@ class WeightReceiver:
         self._buffers: list[torch.Tensor] = []
         self._views: list[tuple[str, torch.Tensor]] = []
         self._complete: int | None = None
-        # Whether the engine has the last received weights. Not "is the version newer": a trainer restarted
-        # from a checkpoint publishes lower versions than the ones a worker already has, and they are the truth.
+        # Whether there is nothing to load: the engine has the last received weights, or the buffers are being
+        # overwritten. Not "is the version newer": a trainer restarted from a checkpoint publishes lower versions
+        # than the ones a worker already has, and they are the truth.
         self._loaded = True
         self._group = None
         self._buffer_device = torch.device("cpu")
         self._epoch: int | None = None
         self._call = None
         self._call_lock = threading.Lock()
+        self.recent_times: deque[ReceiveTimes] = deque(maxlen=64)
         self._thread = threading.Thread(target=self._run, name=f"weights-{worker_id}", daemon=True)
 
     def start(self) -> WeightReceiver:
@@ -173,6 +188,7 @@ class WeightReceiver:
     def _follow(self, announcement: trainer_pb2.WeightAnnouncement, store: TCPStore, reply: trainer_pb2.JoinReply,
                 address: str) -> None:
         epoch = announcement.group_epoch
+        announced = time.time()
         try:
             if epoch != self._epoch:
                 self._leave_group()
@@ -188,7 +204,7 @@ class WeightReceiver:
                 self._group = form_group(store, epoch, rank, announcement.world_size, backend=reply.backend,
                                          timeout_s=reply.member_timeout_seconds, address=address)
                 self._epoch = epoch
-            self._receive(announcement, lambda: store.check([broken_key(epoch)]))
+            ready, received = self._receive(announcement, lambda: store.check([broken_key(epoch)]))
         except RuntimeError as exc:
             # The group broke (a peer died, the trainer re-forms it): wait for the next announcement.
             log.warning("%s: version %d not received at group epoch %d: %s", self.worker_id,
@@ -198,20 +214,28 @@ class WeightReceiver:
             if in_group:
                 store.set(done_key(epoch, announcement.version, self.worker_id), ACK_FAILED)
             return
+        self.recent_times.append(ReceiveTimes(announcement.version, announced, ready, received, time.time()))
         store.set(done_key(epoch, announcement.version, self.worker_id), ACK_OK)
 
-    def _receive(self, announcement: trainer_pb2.WeightAnnouncement, abandoned: Callable[[], bool]) -> None:
+    def _receive(self, announcement: trainer_pb2.WeightAnnouncement,
+                 abandoned: Callable[[], bool]) -> tuple[float, float]:
+        """Receive a version into the buffers; the wall-clock times its receive was posted and done."""
         started = time.perf_counter()
         manifest = Manifest.from_proto(announcement.buckets)
         with self._buffers_lock:
+            # A version received but not loaded yet is being overwritten: there is nothing to load until this receive
+            # completes (if it fails, the buffers hold parts of two versions).
             self._complete = None
+            self._loaded = True
             if manifest != self._manifest:
                 self._buffers = manifest.allocate(self._buffer_device)
                 self._views = manifest.views(self._buffers)
                 self._manifest = manifest
             try:
+                ready = time.time()
                 wait_broadcast(start_broadcast(self._group, self._buffers), abandoned=abandoned,
                                cuda_device=self._buffer_device if self._buffer_device.type == "cuda" else None)
+                received = time.time()
             except RuntimeError:
                 # An abandoned receive may still be pending inside gloo: never reuse the buffers it targets.
                 self._manifest = None
@@ -221,6 +245,7 @@ class WeightReceiver:
         self.metrics.receive_seconds.observe(time.perf_counter() - started)
         with self._changed:
             self._changed.notify_all()
+        return ready, received
 
     def _leave_group(self) -> None:
         retire_group(self._group)

@@ -2,14 +2,14 @@
 and the membership of the broadcast group (join, drop, re-form). No gRPC here: the servicer calls
 join/watch and hands the announcements to the streams.
 
-Two sets of send buffers: `publish` copies the weights into the spare set and returns; the sender
+Two sets of send buffers: a copier thread copies each published version into the spare set; the sender
 thread swaps the sets when it starts a broadcast. The set being sent is never written, so the next
 optimizer step cannot change bytes in flight, and a publish never waits for a broadcast. Publishes
 that come while one is in flight coalesce: the newest version is the next one sent.
 
-With `copy_later` even the copy leaves the caller's thread: a copier thread makes it while the caller goes
-on (the trainer: into its next step's forward and backward), and the caller waits for it (`wait_copied`)
-only before it changes the weights (the trainer: before its optimizer steps).
+The copy is made while the caller goes on (the trainer: into its next step's forward and backward), and
+the caller waits for it (`wait_copied`) only before it changes the weights (the trainer: before its
+optimizer steps).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from torch.distributed import TCPStore
+from torch.distributed import DistStoreError, TCPStore
 
 from zerobubble.common.conditions import AwaitableCondition
 from zerobubble.common.config import is_loopback
@@ -51,7 +51,9 @@ from zerobubble.trainer.sync_config import WeightSyncConfig
 from zerobubble.v1 import trainer_pb2
 
 log = logging.getLogger(__name__)
-POLL_SECONDS = 0.005
+# Written into the key the sender thread awaits of a member that left (or of every member, at close), so that
+# its wait ends now instead of at its timeout.
+LEFT = b"left"
 
 
 class SyncMetrics:
@@ -147,11 +149,19 @@ class WeightBroadcaster:
         self._synced_version = -1
         self._sending_version = -1
         self._last_sync_seconds = 0.0
+        self._last_sync_times: dict[str, float] = {}
+        self._last_copy_seconds = 0.0
         self._stage_lock = threading.Lock()
         self._spare: _Snapshot | None = None
         self._sending: _Snapshot | None = None
         self._proto_cache: tuple[Manifest, list[trainer_pb2.Bucket]] | None = None
         self._store: TCPStore | None = None
+        # The sender thread blocks on the store for its members' keys (`_await_keys`); other threads end that wait
+        # through a connection of their own, since a store client is not shared between threads.
+        self._waker: TCPStore | None = None
+        self._waker_lock = threading.Lock()
+        self._awaited: dict[str, str] = {}
+        self._spent_keys: list[str] = []
         self._thread = threading.Thread(target=self._run, name="weight-broadcast", daemon=True)
         self._copy_job: tuple[list[tuple[str, torch.Tensor]], int] | None = None
         self._copied = threading.Event()
@@ -163,6 +173,7 @@ class WeightBroadcaster:
         timeout = timedelta(seconds=self.config.member_timeout_s)
         self._store = TCPStore(self.config.store_host, self.config.store_port, is_master=True,
                                wait_for_workers=False, timeout=timeout)
+        self._waker = self._store.clone()
         self._thread.start()
         self._copier.start()
         log.info("weight sync store on %s:%d (%s)", self.advertise_host, self.store_port, self.backend)
@@ -208,14 +219,18 @@ class WeightBroadcaster:
                 old.gone = True
                 self._regroup_needed = True
             self._members[worker_id] = _Member(worker_id, device)
+            awaited = self._awaited.get(worker_id) if old is not None else None
             # The last published weights go out again with the newcomer: a worker that joins a trainer
             # which resumed (or is waiting for experience) must not wait for a training step that needs it.
             if self._published_version >= 0:
                 self._pending = True
             self._cond.notify_all()
             log.info("%s joined the weight sync (from version %d)", worker_id, self._published_version)
-            return JoinInfo(-1, len(self._group_ids) + 1, self._epoch, self.advertise_host, self.store_port,
+            info = JoinInfo(-1, len(self._group_ids) + 1, self._epoch, self.advertise_host, self.store_port,
                             self.backend, self.config.member_timeout_s)
+        if awaited is not None:
+            self._stop_awaiting([awaited])  # the sync in flight has its old process among the members
+        return info
 
     def watch(self, worker_id: str) -> Watch:
         with self._cond:
@@ -234,7 +249,10 @@ class WeightBroadcaster:
                 return False
             del self._members[worker_id]
             current.gone = True
+            awaited = self._awaited.get(worker_id)
             self._cond.notify_all()
+        if awaited is not None:
+            self._stop_awaiting([awaited])
         self.metrics.dropped.inc()
         log.warning("dropped %s from the weight sync: %s", worker_id, reason)
         return True
@@ -250,20 +268,17 @@ class WeightBroadcaster:
                 "members": len(self._group_ids), "joined": len(self._members), "group_epoch": self._epoch,
                 "published_version": self._published_version, "sending_version": self._sending_version,
                 "synced_version": self._synced_version,
-                "last_sync_seconds": self._last_sync_seconds,
+                "last_sync_seconds": self._last_sync_seconds, "last_sync_times": dict(self._last_sync_times),
+                "last_copy_seconds": self._last_copy_seconds,
             }
 
     # -- publishing (called by the training loop) --
 
-    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
-                copy_later: bool = False) -> None:
-        """Copy the weights into the spare buffers and return; the broadcast runs in the background. With
-        `copy_later` the copy does too: call `wait_copied()` before changing any of the tensors."""
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Hand the weights over and return: the copier thread copies them into the spare buffers, and the sender
+        thread broadcasts them. Call `wait_copied()` before changing any of the tensors."""
         named = list(named_tensors)
         self.wait_copied()  # one copy at a time, in order
-        if not copy_later:
-            self._stage(named, version)
-            return
         with self._cond:
             self._copied.clear()
             self._copy_job = (named, version)
@@ -271,7 +286,7 @@ class WeightBroadcaster:
 
     def wait_copied(self) -> None:
         """Wait until the last publish's weights are copied (from then on they may change); raises what failed
-        the copy, as a publish without `copy_later` would have."""
+        the copy."""
         self._copied.wait()
         error, self._copy_error = self._copy_error, None
         if error is not None:
@@ -293,6 +308,7 @@ class WeightBroadcaster:
                 self._copied.set()
 
     def _stage(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
+        started = time.perf_counter()
         manifest = Manifest.plan(named, self._bucket_bytes)
         with self._stage_lock:
             spare = self._spare
@@ -306,6 +322,7 @@ class WeightBroadcaster:
         with self._cond:
             self._pending = True
             self._published_version = version
+            self._last_copy_seconds = time.perf_counter() - started
             self._cond.notify_all()
 
     def wait_synced(self, version: int, timeout: float) -> bool:
@@ -319,12 +336,16 @@ class WeightBroadcaster:
             self.closed = True
             for member in self._members.values():
                 member.gone = True
+            awaited = list(self._awaited.values())
             self._cond.notify_all()
+        self._stop_awaiting(awaited)
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.config.member_timeout_s)
         if self._copier.is_alive():
             self._copier.join(timeout=self.config.member_timeout_s)
         self._teardown()
+        with self._waker_lock:
+            self._waker = None
         self._store = None
 
     # -- the sender thread --
@@ -349,6 +370,7 @@ class WeightBroadcaster:
                 self._teardown()
             with self._cond:
                 self._sending_version = -1
+            self._forget_spent_keys()
 
     def _sync(self, snapshot: _Snapshot) -> None:
         started = time.perf_counter()
@@ -357,6 +379,7 @@ class WeightBroadcaster:
         # so joiners that never arrive hold a version back by one formation timeout, however often they come.
         with self._cond:
             roster = list(self._members.values())
+        times: dict[str, float] = {}
         while failures < self.config.max_attempts and not self.closed:
             with self._cond:
                 ids = [member.worker_id for member in roster if not member.gone]
@@ -364,15 +387,21 @@ class WeightBroadcaster:
             if not ids:
                 self._teardown()
                 break
+            # Wall-clock times of the attempt's parts, so a bench can set them beside its workers' own ("announced":
+            # as the announcement goes out; after it, a new group epoch is formed first).
+            times = {"started": time.time()}
             if rejoined or ids != self._group_ids or self._group is None:
+                times["announced"] = time.time()
                 formed, dropped = self._regroup(snapshot, ids)
                 if not formed:
                     failures += 0 if dropped else 1
                     continue
             else:
+                times["announced"] = time.time()
                 self._announce(snapshot, regroup=False)
             try:
                 wait_broadcast(start_broadcast(self._group, snapshot.buffers), cuda_device=self._cuda_device)
+                times["sent"] = time.time()
             except RuntimeError as exc:
                 log.warning("broadcast of version %d failed (%s); re-forming the group", snapshot.version, exc)
                 self._teardown()
@@ -380,6 +409,7 @@ class WeightBroadcaster:
                 continue
             acks, missing = self._await_keys({w: done_key(self._epoch, snapshot.version, w) for w in self._group_ids},
                                              self.config.member_timeout_s)
+            times["acknowledged"] = time.time()
             failed = missing + [w for w, ack in acks.items() if ack != ACK_OK]
             if failed:
                 # Who is at fault is not known here (a dead peer makes others fail too): re-form the group,
@@ -400,6 +430,7 @@ class WeightBroadcaster:
         with self._cond:
             self._synced_version = snapshot.version
             self._last_sync_seconds = elapsed
+            self._last_sync_times = times
             self._cond.notify_all()
 
     def _regroup(self, snapshot: _Snapshot, ids: list[str]) -> tuple[bool, bool]:
@@ -451,23 +482,44 @@ class WeightBroadcaster:
             self._cond.notify_all()
 
     def _await_keys(self, keys: dict[str, str], timeout_s: float) -> tuple[dict[str, bytes], list[str]]:
-        """Poll the store until every worker's key exists or `timeout_s` passes: (the values found by worker, the
-        workers whose key is missing; one that left meanwhile counts as missing at once).
-        Keys found are deleted, so the store does not grow with every version."""
-        deadline = time.monotonic() + timeout_s
-        waiting = dict(keys)
-        found: dict[str, bytes] = {}
-        missing = []
-        while waiting and not self.closed:
-            for worker_id, key in list(waiting.items()):
-                if self._store.check([key]):
-                    found[worker_id] = self._store.get(key)
-                    self._store.delete_key(key)
-                    del waiting[worker_id]
-                elif worker_id not in self._members:
-                    missing.append(worker_id)
-                    del waiting[worker_id]
-            if not waiting or time.monotonic() > deadline:
-                break
-            time.sleep(POLL_SECONDS)
-        return found, missing + list(waiting)
+        """Wait until every worker's key exists or `timeout_s` passes: (the values found by worker, the workers whose
+        key is missing; one that left meanwhile counts as missing at once).
+
+        Blocks in the store, which answers as the last key is written: no polling interval adds to a sync. A member
+        that leaves meanwhile has its key written as LEFT by whoever drops it (see `_stop_awaiting`)."""
+        with self._cond:
+            self._awaited = dict(keys)
+            gone = [worker_id for worker_id in keys if worker_id not in self._members]
+        try:
+            for worker_id in gone:
+                self._store.compare_set(keys[worker_id], "", LEFT)
+            if self.closed:
+                present = []
+            else:
+                try:
+                    self._store.wait(list(keys.values()), timedelta(seconds=timeout_s))
+                    present = list(keys)
+                except DistStoreError:
+                    present = [worker_id for worker_id, key in keys.items() if self._store.check([key])]
+        finally:
+            with self._cond:
+                self._awaited = {}
+        values = self._store.multi_get([keys[worker_id] for worker_id in present]) if present else []
+        self._spent_keys.extend(keys[worker_id] for worker_id in present)
+        found = {worker_id: value for worker_id, value in zip(present, values, strict=True) if value != LEFT}
+        return found, [worker_id for worker_id in keys if worker_id not in found]
+
+    def _stop_awaiting(self, keys: list[str]) -> None:
+        """End the sender thread's wait for these keys now: each gets LEFT unless its member wrote it already."""
+        with self._waker_lock:
+            if self._waker is None:
+                return
+            for key in keys:
+                self._waker.compare_set(key, "", LEFT)
+
+    def _forget_spent_keys(self) -> None:
+        """Delete the keys a sync read, once it is over (not while a version waits for them), so the store does not
+        grow with every version."""
+        spent, self._spent_keys = self._spent_keys, []
+        for key in spent:
+            self._store.delete_key(key)

@@ -330,7 +330,7 @@ class TrainingLoop:
             weights = list(self.strategy.full_state_dict())
         self.weight_bytes = sum(t.numel() * t.element_size() for _, t in weights)
         if self.broadcaster is not None:
-            self.broadcaster.publish(weights, self.policy_version, copy_later=True)
+            self.broadcaster.publish(weights, self.policy_version)
 
     def _record(self, figures: dict[str, float], groups: list[common_pb2.ExperienceGroup],
                 trained: list[str]) -> None:

@@ -50,7 +50,8 @@ def test_step_slowdown_is_the_ratio_of_medians_over_alternating_rounds(result):
         assert spread["min"] <= spread["q1"] <= spread["median"] <= spread["q3"] <= spread["max"], key
         assert spread["median"] == step[median_key]
     assert step["cpu_slowdown"] == pytest.approx(step["step_cpu_seconds_with_sync"] / step["step_cpu_seconds"])
-    for key in ("compute_slowdown", "cpu_slowdown", "publish_seconds", "sync_seconds", "end_to_end_sync_seconds"):
+    for key in ("compute_slowdown", "cpu_slowdown", "publish_seconds", "copy_seconds", "sync_seconds",
+                "end_to_end_sync_seconds"):
         assert step[key] > 0, key
 
 
@@ -77,6 +78,13 @@ def test_the_fanout_measures_each_count_against_a_flat_broadcast_of_the_same_byt
         assert count["limit_ratio"] == pytest.approx(count["flat_seconds"] / count["sync_seconds"])
         assert count["end_to_end_limit_ratio"] == pytest.approx(count["flat_seconds"]
                                                                 / count["end_to_end_sync_seconds"])
+        # The sync's critical path, part by part, from the trainer's and the workers' clocks (one host): a part
+        # below zero would mean the times were taken out of order.
+        parts = count["sync_parts"]
+        assert set(parts) == {"before_announce", "announce", "prepare", "transfer", "acknowledge", "notice", "sent"}
+        assert all(seconds >= 0 for seconds in parts.values()), parts
+        assert 0 < parts["transfer"] <= count["sync_seconds"]
+        assert count["copy_seconds"] > 0
         for mode in ("flat_cpu", "sync_cpu"):
             cpu = count[mode]
             assert cpu["trainer_cpu_seconds"] > 0 and cpu["receiver_cpu_seconds"] >= 0

@@ -4,6 +4,7 @@ real gloo groups between them. Workers load into a transformers Qwen2 model and 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import grpc
@@ -12,6 +13,7 @@ import torch
 from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
 
 from zerobubble.common.clients.trainer import TrainerClient
+from zerobubble.rollout.weight_receiver import WeightReceiver
 
 TIMEOUT_S = 3.0
 
@@ -136,3 +138,44 @@ def test_refusals_name_the_problem():
         reply = client.join("w1", "cpu")
         assert (reply.rank, reply.store_port, reply.backend) == (-1, trainer.broadcaster.store_port, "gloo")
         assert reply.member_timeout_seconds == trainer.broadcaster.config.member_timeout_s
+
+
+class WedgedReceiver(WeightReceiver):
+    """Receives a version and then hangs before acknowledging it, until `release` is set."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.received = threading.Event()
+        self.release = threading.Event()
+
+    def _receive(self, announcement, abandoned):
+        times = super()._receive(announcement, abandoned)
+        self.received.set()
+        assert self.release.wait(120)
+        return times
+
+
+def test_a_member_that_leaves_before_acknowledging_ends_the_trainers_wait_at_once(workers):
+    member_timeout = 60.0
+    with trainer_service(member_timeout_s=member_timeout, bucket_mb=0.05) as trainer, \
+            TrainerClient(trainer.address) as client:
+        (survivor,) = workers(trainer.address, "survivor")
+        wedged = WedgedReceiver(client, "wedged").start()
+        try:
+            trainer.wait_members({"survivor", "wedged"})
+            model = tiny_model(seed=4)
+            published = time.monotonic()
+            trainer.broadcaster.publish(model.named_parameters(), 1)
+            assert wedged.received.wait(30)
+            assert trainer.broadcaster.status()["synced_version"] == -1, "the trainer awaits the wedged member's ack"
+            with wedged._call_lock:
+                wedged._call.cancel()  # its watch stream closes: it leaves the group
+            # The trainer stops waiting for that acknowledgement now, not at the member timeout, and sends the version
+            # again to the one member left.
+            assert trainer.broadcaster.wait_synced(1, timeout=member_timeout / 2)
+            assert time.monotonic() - published < member_timeout / 2
+            assert survivor.applied(1)["digests"] == digests(model.named_parameters())
+            assert "wedged" not in trainer.broadcaster.members
+        finally:
+            wedged.release.set()
+            wedged.close()

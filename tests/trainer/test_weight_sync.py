@@ -9,12 +9,14 @@ import time
 
 import pytest
 import torch
-from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
+from sync_helpers import StandInEngine, WorkerProcess, digests, tiny_model, trainer_service
 
 from zerobubble.common.errors import InvalidInput, NotFound
 from zerobubble.common.weight_sync import ALIGN, MIB, Manifest
+from zerobubble.rollout import weight_receiver
 from zerobubble.trainer.broadcaster import WeightBroadcaster
 from zerobubble.trainer.sync_config import WeightSyncConfig
+from zerobubble.v1 import trainer_pb2
 
 
 def _mixed() -> list[tuple[str, torch.Tensor]]:
@@ -88,7 +90,7 @@ def test_a_later_copy_runs_on_its_own_thread_and_the_caller_waits_for_it_before_
     try:
         model = tiny_model(seed=3)
         snapshot = digests(model.named_parameters())
-        broadcaster.publish(model.named_parameters(), 1, copy_later=True)
+        broadcaster.publish(model.named_parameters(), 1)
         assert copying.wait(10) and threads == ["weight-copy"], "the copy is not the caller's"
         waiter = threading.Thread(target=broadcaster.wait_copied)
         waiter.start()
@@ -109,11 +111,11 @@ def test_a_later_copy_runs_on_its_own_thread_and_the_caller_waits_for_it_before_
 def test_a_later_copy_that_fails_raises_in_the_caller_at_its_wait():
     broadcaster = WeightBroadcaster(WeightSyncConfig(member_timeout_s=2)).start()
     try:
-        broadcaster.publish([("a.weight", torch.empty(3, device="meta"))], 1, copy_later=True)
+        broadcaster.publish([("a.weight", torch.empty(3, device="meta"))], 1)
         with pytest.raises(NotImplementedError):
             broadcaster.wait_copied()
         broadcaster.wait_copied()  # raised once; the next publish goes ahead
-        broadcaster.publish(_mixed(), 2, copy_later=True)
+        broadcaster.publish(_mixed(), 2)
         broadcaster.wait_copied()
         assert broadcaster.wait_synced(2, timeout=10)
     finally:
@@ -147,6 +149,7 @@ def test_publish_returns_at_once_snapshots_the_weights_and_coalesces_to_the_newe
             worker.signal(signal.SIGSTOP)
             snapshot_2 = digests(model.named_parameters())
             trainer.broadcaster.publish(model.named_parameters(), 2)
+            trainer.broadcaster.wait_copied()
             _step(model, 1.0)
             _wait_sending(trainer, 2)
             assert trainer.broadcaster.status()["synced_version"] == 1, "publish does not wait for the broadcast"
@@ -155,12 +158,15 @@ def test_publish_returns_at_once_snapshots_the_weights_and_coalesces_to_the_newe
 
             worker.signal(signal.SIGSTOP)
             trainer.broadcaster.publish(model.named_parameters(), 3)
+            trainer.broadcaster.wait_copied()
             _step(model, 1.0)
             _wait_sending(trainer, 3)
             trainer.broadcaster.publish(model.named_parameters(), 4)
+            trainer.broadcaster.wait_copied()
             _step(model, 1.0)
             snapshot_5 = digests(model.named_parameters())
             trainer.broadcaster.publish(model.named_parameters(), 5)
+            trainer.broadcaster.wait_copied()
             _step(model, 1.0)
             worker.signal(signal.SIGCONT)
             assert worker.applied(5)["digests"] == snapshot_5
@@ -168,3 +174,37 @@ def test_publish_returns_at_once_snapshots_the_weights_and_coalesces_to_the_newe
             assert trainer.metric("zerobubble_trainer_weight_sync_seconds_count") == 4, "1, 2, 3, 5: 4 coalesced"
         finally:
             worker.stop()
+
+
+def test_a_receive_that_fails_over_a_version_not_yet_loaded_leaves_the_engine_nothing_to_load(monkeypatch):
+    """The receiver's bookkeeping alone: the broadcast into its buffers is replaced by writing the bytes it would
+    deliver (one version completes), then by a peer's failure midway through the next one."""
+    model = tiny_model(seed=6)
+    manifest = Manifest.plan(model.named_parameters(), MIB)
+    sent = manifest.allocate()
+    manifest.pack(model.named_parameters(), sent)
+    receiver = weight_receiver.WeightReceiver(trainer=None, worker_id="w1")
+
+    def deliver(works, **_):
+        for target, source in zip(receiver.buffers, sent, strict=True):
+            target.copy_(source)
+
+    def fail_midway(works, **_):
+        receiver.buffers[0].zero_()
+        raise RuntimeError("Connection closed by peer")
+
+    def announcement(version: int) -> trainer_pb2.WeightAnnouncement:
+        return trainer_pb2.WeightAnnouncement(version=version, buckets=manifest.to_proto())
+
+    monkeypatch.setattr(weight_receiver, "start_broadcast", lambda group, buffers: [])
+    monkeypatch.setattr(weight_receiver, "wait_broadcast", deliver)
+    receiver._receive(announcement(1), lambda: False)
+    assert receiver.latest_version == 1
+    monkeypatch.setattr(weight_receiver, "wait_broadcast", fail_midway)
+    with pytest.raises(RuntimeError):
+        receiver._receive(announcement(2), lambda: False)
+    engine = StandInEngine(tiny_model(seed=7))
+    before = digests(engine.model.named_parameters())
+    assert not receiver.apply_to(engine), "version 1's buffers were half overwritten: nothing is complete"
+    assert engine.policy_version == 0 and digests(engine.model.named_parameters()) == before
+    assert receiver.latest_version is None
