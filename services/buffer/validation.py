@@ -14,24 +14,13 @@ import numpy as np
 from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.codec import decode_array
 from zerobubble.common.errors import InvalidInput, TooLarge
+from zerobubble.common.names import check_name
 from zerobubble.v1 import common_pb2
 
 FINISH_REASONS = {common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH}
 # Engines compute log-probs in reduced precision (bf16 logits, fused kernels), so a token drawn with
 # probability ~1 may come back a hair above 0; anything clearly positive is not a log-probability.
 LOGPROB_TOLERANCE = 1e-3
-MAX_ID_CHARS = 256
-
-
-def _check_name(value: str, field: str, *, required: bool) -> None:
-    if required and not value:
-        raise InvalidInput("must not be empty", field=field)
-    if len(value) > MAX_ID_CHARS:
-        raise TooLarge(f"{len(value)} characters, over the limit of {MAX_ID_CHARS}", field=field)
-    if not value.isprintable():
-        raise InvalidInput("must be printable characters only", field=field)
-
-
 def _check_length(tokens: np.ndarray, field: str, limit: int) -> None:
     if len(tokens) == 0:
         raise InvalidInput("must not be empty", field=field)
@@ -71,8 +60,8 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
     max_bytes = config.capacity.max_group_bytes
     if size > max_bytes:
         raise InvalidInput(f"the group is {size} bytes, over the limit of {max_bytes}", field="group")
-    _check_name(group.producer_id, "producer_id", required=True)
-    _check_name(group.producer_incarnation, "producer_incarnation", required=False)
+    check_name(group.producer_id, "producer_id", required=True)
+    check_name(group.producer_incarnation, "producer_incarnation", required=False)
     if group.sequence < 0:
         raise InvalidInput(f"must not be negative, got {group.sequence}", field="sequence")
     if not group.HasField("prompt") or not group.prompt.prompt_id:

@@ -26,11 +26,12 @@ from datetime import timedelta
 
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from torch.distributed import DistStoreError, TCPStore
+from torch.distributed import DistError, DistStoreError, TCPStore
 
 from zerobubble.common.conditions import AwaitableCondition
 from zerobubble.common.config import is_loopback
 from zerobubble.common.errors import InvalidInput, NotFound, Overloaded
+from zerobubble.common.names import check_name
 from zerobubble.common.weight_sync import (
     ABORT,
     ACK_OK,
@@ -199,8 +200,7 @@ class WeightBroadcaster:
     # -- membership (called from gRPC handler threads) --
 
     def join(self, worker_id: str, device: str) -> JoinInfo:
-        if not worker_id:
-            raise InvalidInput("must not be empty", field="worker_id")
+        check_name(worker_id, "worker_id", required=True)
         device = device or "cpu"
         try:
             backend = backend_for(device)
@@ -514,8 +514,13 @@ class WeightBroadcaster:
         with self._waker_lock:
             if self._waker is None:
                 return
-            for key in keys:
-                self._waker.compare_set(key, "", LEFT)
+            try:
+                for key in keys:
+                    self._waker.compare_set(key, "", LEFT)
+            except DistError as exc:
+                # The wait then ends at its timeout instead; the next wake-up gets a fresh connection.
+                log.warning("could not end the wait for %s early (%s)", keys, exc)
+                self._waker = self._store.clone()
 
     def _forget_spent_keys(self) -> None:
         """Delete the keys a sync read, once it is over (not while a version waits for them), so the store does not

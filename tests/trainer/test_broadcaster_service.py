@@ -13,6 +13,7 @@ import torch
 from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
 
 from zerobubble.common.clients.trainer import TrainerClient
+from zerobubble.common.names import MAX_ID_CHARS
 from zerobubble.rollout.weight_receiver import WeightReceiver
 
 TIMEOUT_S = 3.0
@@ -132,6 +133,12 @@ def test_refusals_name_the_problem():
         with pytest.raises(grpc.RpcError) as refused:
             client.join("", "cpu")
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "worker_id" in refused.value.details()
+        # Ids end up in the store's keys, and the store drops the connection of a key of 16 KB.
+        for worker_id in ("w" * 16_400, "w" * (MAX_ID_CHARS + 1)):
+            with pytest.raises(grpc.RpcError) as too_long:
+                client.join(worker_id, "cpu")
+            assert too_long.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "worker_id" in too_long.value.details()
         with pytest.raises(grpc.RpcError) as unknown:
             next(iter(client.watch("stranger")))
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND and "JoinWeightSync" in unknown.value.details()
