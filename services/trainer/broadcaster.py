@@ -439,12 +439,18 @@ class WeightBroadcaster:
         self._epoch += 1
         epoch = self._epoch
         ranks = {worker_id: rank for rank, worker_id in enumerate(ids, start=1)}
+        # The members as announced: one that joins again meanwhile (which ends this wait for its old process) is a
+        # new member, and must not be dropped for what the old one did not do.
+        with self._cond:
+            announced = {worker_id: self._members.get(worker_id) for worker_id in ids}
         self._announce(snapshot, regroup=True, ranks=ranks)
         _, missing = self._await_keys({w: arrived_key(epoch, w) for w in ids}, self.config.formation_timeout_s)
         if missing:
             self._store.set(go_key(epoch), ABORT)
             for worker_id in missing:
-                self.drop(worker_id, f"did not arrive at group epoch {epoch} within {self.config.formation_timeout_s}s")
+                if announced[worker_id] is not None:
+                    self.drop(worker_id, f"did not arrive at group epoch {epoch} within "
+                              f"{self.config.formation_timeout_s}s", member=announced[worker_id])
             return False, True
         self._store.set(go_key(epoch), GO)
         try:
