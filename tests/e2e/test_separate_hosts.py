@@ -66,7 +66,10 @@ def test_training_runs_to_the_end_with_every_service_on_its_own_host(hosts, tmp_
                                    hosts.namespaces[name]) for name in SERVICES]
     reward, buffer, trainer, rollout = processes
     try:
-        start_all(processes)
+        # The trainer serves before the worker starts: a worker that finds no trainer joins again with a backoff
+        # growing to 5 s, and this 8-step run can end inside one such wait, leaving the worker rightly on version 0.
+        start_all([reward, buffer, trainer])
+        start_all([rollout])
         assert [p.address for p in processes] == [at[name] for name in SERVICES]
         wait_for(lambda: trainer.exit_code is not None, 120, "the trainer to finish",
                  [p for p in processes if p is not trainer])
@@ -81,6 +84,7 @@ def test_training_runs_to_the_end_with_every_service_on_its_own_host(hosts, tmp_
 
     assert [row["step"] for row in metrics_rows(run_dir)] == list(range(1, STEPS + 1))
     assert stats.end_of_data and stats.groups_in == PROMPTS
-    assert status.worker_id == "rollout-0" and status.policy_version > 0
+    assert status.worker_id == "rollout-0" and status.policy_version > 0, (
+        f"no weights reached the worker:\n{log_tail(rollout)}\n{log_tail(trainer)}")
     assert 0 < status.policy_version <= max(loaded_versions(rollout.log_path)) <= STEPS
     assert f"weight sync store on {hosts.addresses['trainer']}:" in trainer.log_path.read_text()
