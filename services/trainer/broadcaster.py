@@ -174,7 +174,6 @@ class WeightBroadcaster:
         timeout = timedelta(seconds=self.config.member_timeout_s)
         self._store = TCPStore(self.config.store_host, self.config.store_port, is_master=True,
                                wait_for_workers=False, timeout=timeout)
-        self._waker = self._store.clone()
         self._thread.start()
         self._copier.start()
         log.info("weight sync store on %s:%d (%s)", self.advertise_host, self.store_port, self.backend)
@@ -346,7 +345,7 @@ class WeightBroadcaster:
         self._teardown()
         with self._waker_lock:
             self._waker = None
-        self._store = None
+            self._store = None
 
     # -- the sender thread --
 
@@ -518,15 +517,17 @@ class WeightBroadcaster:
     def _stop_awaiting(self, keys: list[str]) -> None:
         """End the sender thread's wait for these keys now: each gets LEFT unless its member wrote it already."""
         with self._waker_lock:
-            if self._waker is None:
+            if self._store is None:
                 return
             try:
+                if self._waker is None:
+                    self._waker = self._store.clone()
                 for key in keys:
                     self._waker.compare_set(key, "", LEFT)
             except DistError as exc:
-                # The wait then ends at its timeout instead; the next wake-up gets a fresh connection.
+                # The wait then ends at its timeout instead; the next wake-up connects afresh.
                 log.warning("could not end the wait for %s early (%s)", keys, exc)
-                self._waker = self._store.clone()
+                self._waker = None
 
     def _forget_spent_keys(self) -> None:
         """Delete the keys a sync read, once it is over (not while a version waits for them), so the store does not

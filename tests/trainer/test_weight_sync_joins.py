@@ -16,6 +16,7 @@ from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
 from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.config import ClientConfig
 from zerobubble.rollout.weight_receiver import WeightReceiver
+from zerobubble.trainer.broadcaster import LEFT
 
 TOKEN = "weight-sync-test-token"
 FORMATION_S = 2.0
@@ -173,3 +174,14 @@ def test_members_that_never_form_the_group_are_dropped_within_the_formation_time
             assert trainer.broadcaster.wait_synced(4, timeout=bound)
             fakes.wait_ends(2, timeout=bound)  # each joined again, and was dropped again
         assert trainer.metric("zerobubble_trainer_sync_dropped_total") >= 2 * FAKES
+
+
+def test_a_broken_wake_up_connection_is_replaced_at_the_next_wake_up(caplog):
+    """Ending the sender's wait goes through a store connection of its own. The store resets a connection sent a key
+    of 16 KB: that wake-up fails (the wait then ends at its timeout), and the next one connects afresh."""
+    with trainer_service() as trainer, caplog.at_level(logging.WARNING, logger="zerobubble.trainer.broadcaster"):
+        sync = trainer.broadcaster
+        sync._stop_awaiting(["k" * 16_400])
+        assert "could not end the wait" in caplog.text
+        sync._stop_awaiting(["after-reset"])
+        assert sync._store.get("after-reset") == LEFT
