@@ -54,9 +54,8 @@ class RolloutHost(ServiceHost):
             from zerobubble.common.clients.trainer import TrainerClient
             from zerobubble.rollout.weight_receiver import WeightReceiver
 
-            self.receiver = WeightReceiver(TrainerClient(config.trainer), config.worker_id,
-                                           device=device,
-                                           registry=self.registry)
+            self.receiver = WeightReceiver(TrainerClient(config.trainer), config.worker_id, device=device,
+                                           registry=self.registry, max_backoff_s=config.backoff_max_seconds)
         self.worker = RolloutWorker(config, self.spec, self.engine, self.buffer, self.reward, metrics=metrics,
                                     receiver=self.receiver)
         if config.eval.datasets:

@@ -1,5 +1,5 @@
 """A real rollout worker at the buffer's edges: restarted with the same id (kill -9, as compose restarts it),
-and pushing into a buffer whose disk is full."""
+pushing into a buffer whose disk is full, and joining a trainer that is not there."""
 
 from __future__ import annotations
 
@@ -142,3 +142,21 @@ def test_a_worker_sends_groups_refused_for_a_full_disk_again_without_generating_
             host.stop(0.5)
             buffer.stop(0.5)
             reward.stop(0.5)
+
+
+def test_the_weight_sync_is_joined_again_within_backoff_max_seconds(assets, tmp_path):
+    """A worker that finds no trainer keeps joining, no slower than the bound its config sets for every lost peer
+    (a fixed 5 s outlasted a short run, which then ended with the worker never having had new weights)."""
+    model, train, _ = assets
+    reward, buffer = start_reward(), start_buffer(train, tmp_path / "wal", **RUN_SPEC)
+    settings = {**worker_settings(model, buffer.address, reward.address), "server.metrics_port": None,
+                "backoff_max_seconds": 0.25}
+    settings.pop("trainer")
+    settings["trainer.address"] = "127.0.0.1:1"
+    host = build(load_config(RolloutServiceConfig, None, settings)).start()
+    try:
+        assert host.receiver is not None and host.receiver.max_backoff_s == 0.25
+    finally:
+        host.stop(0.5)
+        buffer.stop(0.5)
+        reward.stop(0.5)
