@@ -27,9 +27,13 @@ What each side uses (values read from the demo config, so the bench follows it):
   with sequence-mean then sample-mean aggregation = TRL scale_rewards="group", loss_type="grpo" (both take the
   group's unbiased std); Dr.GRPO's r - mean with a sum over tokens / (samples x max_new_tokens) = scale_rewards
   "none", loss_type="dr_grpo". Clip 1 -/+ clip_low/clip_high = epsilon/epsilon_high; beta from the demo.
-- optimizer: AdamW with the demo's lr, betas, eps, weight decay and gradient-norm clip, constant schedule, no
-  warm-up, biases and norm weights not decayed on either side (TRL: the HF Trainer's rule; lr_scheduler_type
-  set to constant, as TRL's default linear decay would not match).
+- optimizer: AdamW with the demo's lr, betas, eps, weight decay and gradient-norm clip, biases and norm weights
+  not decayed on either side (TRL: the HF Trainer's rule).
+- schedule: the demo's, in the HF Trainer's names (TRL_SCHEDULES; TRL's default linear decay would not match):
+  constant is "constant" ("constant_with_warmup" with a warm-up); one cosine decay to min_lr_ratio is
+  "cosine_with_min_lr" with min_lr_rate, the same formula (transformers.optimization). HF's decay spans
+  max_steps, so the bench sets the demo's total_steps to the measured steps too: both decay over the same run.
+  A warm-up, which the demo has not, would lag one step on TRL's side (HF's first update is made at lr 0).
 - sampling: top_p 1, no top_k, max_completion_length = the demo's max_new_tokens. The GRPO preset anneals the
   temperature from run_spec.sampling.temperature to annealed_temperature over the first epoch and holds it
   after; TRL's is fixed, so it gets the temperature the demo samples at after its first epoch.
@@ -72,10 +76,20 @@ from zerobubble.launcher.tether import Tether
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.trainer.config import TrainerServiceConfig
+from zerobubble.trainer.optim import OptimConfig
 
 SYSTEMS = ("zerobubble", "trl")
 # The project's (advantage estimator, aggregation) -> TRL's (scale_rewards, loss_type) computing the same loss.
 TRL_LOSSES = {("grpo", "sample_level"): ("group", "grpo"), ("dr_grpo", "constant"): ("none", "dr_grpo")}
+
+
+def trl_schedule(optim: OptimConfig) -> dict[str, Any]:
+    """The demo's learning-rate schedule as TRL's GRPOConfig takes it (see the module docstring)."""
+    if optim.schedule == "cosine":
+        return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": optim.min_lr_ratio},
+                "warmup_steps": optim.warmup_steps}
+    return {"lr_scheduler_type": "constant_with_warmup" if optim.warmup_steps else "constant",
+            "lr_scheduler_kwargs": {}, "warmup_steps": optim.warmup_steps}
 LOAD_INTERVAL_SECONDS = 5.0
 
 
@@ -150,6 +164,8 @@ def run_zerobubble(setup: Setup, seed: int, steps: int) -> dict[str, Any]:
     config = load_config(UpConfig, DEMO_CONFIG, {
         **setup.overrides, "run_dir": str(run_dir), "trainer.seed": seed, "buffer.prompts.seed": seed,
         "trainer.max_steps": steps,
+        # TRL's cosine spans its max_steps: the demo's spans the same steps.
+        **({"trainer.strategy.optim.total_steps": steps} if setup.trainer.strategy.optim.schedule == "cosine" else {}),
     })
     # No held-out set: no periodic evaluation takes the worker's engine during the measured run.
     assets = RunAssets(model=setup.assets.model, train=setup.assets.train, eval=None)
@@ -204,7 +220,8 @@ def trl_settings(setup: Setup, seed: int, steps: int, reward_url: str) -> TRLSet
         prompts=[tokenizer.decode(prompt_ids) for prompt_ids in ids], prompt_ids=ids,
         answers=[row.gt_answer for row in setup.rows], reward_url=reward_url, verifier=verifiers.pop(),
         steps=steps, seed=seed, num_generations=setup.spec.num_generations, batch_samples=setup.batch_samples,
-        learning_rate=optim.lr, weight_decay=optim.weight_decay, adam_betas=optim.betas, adam_epsilon=optim.eps,
+        learning_rate=optim.lr, **trl_schedule(optim), weight_decay=optim.weight_decay, adam_betas=optim.betas,
+        adam_epsilon=optim.eps,
         max_grad_norm=optim.max_grad_norm, beta=algorithm.beta, epsilon_low=algorithm.clip_low,
         epsilon_high=algorithm.clip_high, scale_rewards=scale_rewards, loss_type=loss_type,
         temperature=setup.trl_temperature(),

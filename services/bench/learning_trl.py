@@ -36,6 +36,9 @@ class TRLSettings(Schema):
     num_generations: int = Field(gt=1)
     batch_samples: int = Field(gt=0)
     learning_rate: float = Field(gt=0)
+    lr_scheduler_type: str
+    lr_scheduler_kwargs: dict[str, float]
+    warmup_steps: int = Field(ge=0)
     weight_decay: float = Field(ge=0)
     adam_betas: tuple[float, float]
     adam_epsilon: float = Field(gt=0)
@@ -78,7 +81,8 @@ def main(path: str) -> int:
         output_dir=str(settings.output_dir), max_steps=settings.steps, seed=settings.seed,
         num_generations=settings.num_generations, per_device_train_batch_size=settings.batch_samples,
         gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-        learning_rate=settings.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+        learning_rate=settings.learning_rate, lr_scheduler_type=settings.lr_scheduler_type,
+        lr_scheduler_kwargs=settings.lr_scheduler_kwargs, warmup_steps=settings.warmup_steps,
         weight_decay=settings.weight_decay, adam_beta1=settings.adam_betas[0], adam_beta2=settings.adam_betas[1],
         adam_epsilon=settings.adam_epsilon, optim="adamw_torch",
         # The HF Trainer clips only above 0: 0 is its "no clip", the project's null.
