@@ -29,7 +29,7 @@ What each side uses (values read from the demo config, so the bench follows it):
   "none", loss_type="dr_grpo". Clip 1 -/+ clip_low/clip_high = epsilon/epsilon_high; beta from the demo.
 - optimizer: AdamW with the demo's lr, betas, eps, weight decay and gradient-norm clip, biases and norm weights
   not decayed on either side (TRL: the HF Trainer's rule).
-- schedule: the demo's, in the HF Trainer's names (TRL_SCHEDULES; TRL's default linear decay would not match):
+- schedule: the demo's, in the HF Trainer's names (trl_schedule; TRL's default linear decay would not match):
   constant is "constant" ("constant_with_warmup" with a warm-up); one cosine decay to min_lr_ratio is
   "cosine_with_min_lr" with min_lr_rate, the same formula (transformers.optimization). HF's decay spans
   max_steps, so the bench sets the demo's total_steps to the measured steps too: both decay over the same run.
@@ -90,6 +90,8 @@ def trl_schedule(optim: OptimConfig) -> dict[str, Any]:
                 "warmup_steps": optim.warmup_steps}
     return {"lr_scheduler_type": "constant_with_warmup" if optim.warmup_steps else "constant",
             "lr_scheduler_kwargs": {}, "warmup_steps": optim.warmup_steps}
+
+
 LOAD_INTERVAL_SECONDS = 5.0
 
 
@@ -163,9 +165,8 @@ def run_zerobubble(setup: Setup, seed: int, steps: int) -> dict[str, Any]:
     run_dir = setup.scratch / f"zerobubble-seed{seed}"
     config = load_config(UpConfig, DEMO_CONFIG, {
         **setup.overrides, "run_dir": str(run_dir), "trainer.seed": seed, "buffer.prompts.seed": seed,
-        "trainer.max_steps": steps,
-        # TRL's cosine spans its max_steps: the demo's spans the same steps.
-        **({"trainer.strategy.optim.total_steps": steps} if setup.trainer.strategy.optim.schedule == "cosine" else {}),
+        # TRL's cosine spans its max_steps: the demo's spans the same steps (a constant schedule reads neither).
+        "trainer.max_steps": steps, "trainer.strategy.optim.total_steps": steps,
     })
     # No held-out set: no periodic evaluation takes the worker's engine during the measured run.
     assets = RunAssets(model=setup.assets.model, train=setup.assets.train, eval=None)

@@ -21,6 +21,8 @@ FINISH_REASONS = {common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
 # Engines compute log-probs in reduced precision (bf16 logits, fused kernels), so a token drawn with
 # probability ~1 may come back a hair above 0; anything clearly positive is not a log-probability.
 LOGPROB_TOLERANCE = 1e-3
+
+
 def _check_length(tokens: np.ndarray, field: str, limit: int) -> None:
     if len(tokens) == 0:
         raise InvalidInput("must not be empty", field=field)
