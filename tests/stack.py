@@ -10,8 +10,8 @@ from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.config import load_config
 from zerobubble.reward.app import build as build_reward
 from zerobubble.reward.config import RewardServiceConfig
-from zerobubble.tiny.model import make_tiny_model
-from zerobubble.tiny.task import make_arithmetic_task
+from zerobubble.tooling.tiny.model import make_tiny_model
+from zerobubble.tooling.tiny.task import make_arithmetic_task
 
 QUIET_SERVER = {"server.listen": "127.0.0.1:0", "server.metrics_port": None, "server.grace_seconds": 0.5}
 

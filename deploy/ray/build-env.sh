@@ -7,5 +7,5 @@ venv="${1:-.venv-ray}"
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet -r deploy/ray/requirements.txt -e .
-"$venv/bin/python" -c "import ray, torch, zerobubble.bench.transport_ray; print('ray', ray.__version__)"
+"$venv/bin/python" -c "import ray, torch, zerobubble.tooling.bench.transport_ray; print('ray', ray.__version__)"
 touch "$venv/.installed-stamp"

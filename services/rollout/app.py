@@ -11,7 +11,7 @@ from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.server import ServiceHost
 from zerobubble.rollout.config import RolloutServiceConfig
-from zerobubble.rollout.engines import make_engine
+from zerobubble.rollout.engine_factory import make_engine
 from zerobubble.rollout.evaluation import Evaluator
 from zerobubble.rollout.generate import GenerateCalls
 from zerobubble.rollout.metrics import RolloutMetrics

@@ -129,7 +129,7 @@ class BufferProcess:
     def start(self) -> BufferClient:
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(
-                [PYTHON, "-m", "zerobubble.cli", "serve", "buffer", "--config", str(self.config)],
+                [PYTHON, "-m", "zerobubble", "serve", "buffer", "--config", str(self.config)],
                 stdout=subprocess.PIPE, stderr=log, text=True,
             )
         line = self.process.stdout.readline()

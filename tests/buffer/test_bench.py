@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from zerobubble.bench.transport import CASES, RAY_PYTHON, bench_transport
+from zerobubble.tooling.bench.transport import CASES, RAY_PYTHON, bench_transport
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from zerobubble.bench.scale import bench_scale
+from zerobubble.tooling.bench.scale import bench_scale
 
 
 def test_bench_scale_loses_nothing_and_measures_its_baselines(tmp_path):

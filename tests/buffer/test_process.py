@@ -116,13 +116,13 @@ def test_a_corrupt_log_tail_is_reported_and_skipped(buffer_process, tmp_path):
 
 def test_a_bad_setting_is_named_and_the_process_exits(tmp_path):
     result = subprocess.run(
-        [PYTHON, "-m", "zerobubble.cli", "serve", "buffer", "--set", f"prompts.path={tmp_path}/p.jsonl",
+        [PYTHON, "-m", "zerobubble", "serve", "buffer", "--set", f"prompts.path={tmp_path}/p.jsonl",
          "--set", "run_spec.filter_range=[0.9, 0.1]"],
         capture_output=True, text=True, timeout=30,
     )
     assert result.returncode == 2 and "run_spec.filter_range" in result.stderr
     result = subprocess.run(
-        [PYTHON, "-m", "zerobubble.cli", "serve", "buffer", "--set", f"prompts.path={tmp_path}/absent.jsonl",
+        [PYTHON, "-m", "zerobubble", "serve", "buffer", "--set", f"prompts.path={tmp_path}/absent.jsonl",
          "--set", f"wal.directory={tmp_path}/wal"],
         capture_output=True, text=True, timeout=30,
     )

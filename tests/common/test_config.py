@@ -1,8 +1,8 @@
 import pytest
 
-from zerobubble import configs
 from zerobubble.common.config import ConfigError, ServerConfig, load_config
 from zerobubble.reward.config import RewardServiceConfig
+from zerobubble.tooling import configs
 
 
 def test_defaults_then_yaml_then_overrides(tmp_path):
@@ -59,8 +59,8 @@ def test_shipped_config_files_validate():
     from pathlib import Path
 
     from zerobubble.buffer.config import BufferServiceConfig
-    from zerobubble.launcher.config import UpConfig
     from zerobubble.rollout.config import RolloutServiceConfig
+    from zerobubble.tooling.launcher.config import UpConfig
     from zerobubble.trainer.config import TrainerServiceConfig
 
     root = Path(__file__).resolve().parents[2]

@@ -36,3 +36,9 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from zerobubble.buffer.core import X\n    import zerobubble.reward.app\n")
     assert imported_packages(module) == {"buffer", "reward"}
+
+
+def test_listing_services_shows_the_four_services_what_they_share_and_the_layer_above():
+    listed = {path.name for path in SOURCE.iterdir() if path.name != "__pycache__"}
+    assert listed == {*SERVICES, "common", "tooling", "__init__.py", "__main__.py"}
+

@@ -21,7 +21,7 @@ from prometheus_client import Counter
 
 from zerobubble.common.config import ClientConfig, ServerConfig, TLSConfig
 from zerobubble.common.server import ServiceHost
-from zerobubble.fuzz import wire
+from zerobubble.tooling.fuzz import wire
 
 
 def start(**server) -> tuple[ServiceHost, EchoCore]:

@@ -75,7 +75,7 @@ def test_one_source_at_most_and_a_sendable_token_naming_the_field(tmp_path, toke
 def test_a_service_whose_token_cannot_be_read_does_not_start(tmp_path):
     missing = tmp_path / "no-such-token"
     result = subprocess.run(
-        [sys.executable, "-m", "zerobubble.cli", "serve", "reward", "--set", f"server.auth_token_file={missing}",
+        [sys.executable, "-m", "zerobubble", "serve", "reward", "--set", f"server.auth_token_file={missing}",
          "--set", "server.metrics_port=null"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert f"auth_token_file: cannot read {missing}" in result.stderr

@@ -9,9 +9,8 @@ import struct
 
 import pytest
 
-from zerobubble import cli
-from zerobubble.runs import plot
-from zerobubble.runs.plot import RunDataError, eval_curves, plot_run, read_jsonl, trailing_mean
+from zerobubble.tooling import cli, plot
+from zerobubble.tooling.plot import RunDataError, eval_curves, plot_run, read_jsonl, trailing_mean
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -75,7 +74,7 @@ def test_plot_command_prints_the_path(tmp_path, capsys):
 
 
 def test_the_zerobubble_command_lists_plot():
-    assert cli.COMMANDS["plot"][0] == "zerobubble.runs.plot"
+    assert cli.COMMANDS["plot"][0] == "zerobubble.tooling.plot"
 
 
 def test_missing_metrics_names_the_file(tmp_path):

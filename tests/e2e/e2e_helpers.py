@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerobubble.buffer.config import BufferServiceConfig
-from zerobubble.launcher.config import validated, write_yaml
-from zerobubble.launcher.processes import ServiceProcess
-from zerobubble.launcher.ready import READY_FILE
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.tooling.launcher.config import validated, write_yaml
+from zerobubble.tooling.launcher.processes import ServiceProcess
+from zerobubble.tooling.launcher.ready import READY_FILE
 from zerobubble.trainer.config import TrainerServiceConfig
 
 GENERATIONS = 4
@@ -87,7 +87,7 @@ def write_config(run_dir: Path, name: str, service: str, tree: dict) -> Path:
 
 
 class NamespacedService(ServiceProcess):
-    """`ip netns exec NETNS python -m zerobubble.cli serve ...`: a service alone in its network namespace."""
+    """`ip netns exec NETNS python -m zerobubble serve ...`: a service alone in its network namespace."""
 
     def __init__(self, name: str, service: str, config_path: Path, log_dir: Path, netns: str):
         super().__init__(name, service, config_path, log_dir)
@@ -96,7 +96,7 @@ class NamespacedService(ServiceProcess):
     def start(self, timeout: float) -> NamespacedService:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.ready_path.unlink(missing_ok=True)
-        command = ["ip", "netns", "exec", self.netns, sys.executable, "-m", "zerobubble.cli", "serve",
+        command = ["ip", "netns", "exec", self.netns, sys.executable, "-m", "zerobubble", "serve",
                    self.service, "--config", str(self.config_path)]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -15,7 +15,7 @@ from e2e_helpers import leftover_groups, metrics_rows, service_env
 from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.buffer.core import Buffer
 from zerobubble.common.config import load_config
-from zerobubble.configs import DEMO as DEMO_CONFIG
+from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("reward", "buffer", "trainer", "rollout-0")
@@ -34,7 +34,7 @@ def start_up(run_dir: Path, output: Path, **settings) -> subprocess.Popen:
     """`zerobubble up` on the small demo in `run_dir`, its output to `output`; its own session, so a failing
     test can take down whatever it left."""
     merged = {"run_dir": run_dir, **SMALL_RUN, **settings}
-    command = [sys.executable, "-m", "zerobubble.cli", "up", "--config", str(DEMO_CONFIG),
+    command = [sys.executable, "-m", "zerobubble", "up", "--config", str(DEMO_CONFIG),
                *(f"--set={key}={value}" for key, value in merged.items())]
     with open(output, "ab") as out:
         return subprocess.Popen(command, cwd=REPO, env=service_env(), stdout=out, stderr=subprocess.STDOUT,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from e2e_helpers import metrics_rows, service_env
 
-from zerobubble.configs import DEMO as DEMO_CONFIG
+from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 60
@@ -29,13 +29,13 @@ def up(run_dir: Path, *extra: str) -> subprocess.Popen:
         "run_dir": run_dir, "trainer.max_steps": STEPS, "trainer.checkpoint.interval_steps": 10,
         "rollout.eval.interval": 1000, "rollout.eval.samples_per_prompt": EVAL_SAMPLES,
     }
-    command = [sys.executable, "-m", "zerobubble.cli", "up", "--config", str(DEMO_CONFIG),
+    command = [sys.executable, "-m", "zerobubble", "up", "--config", str(DEMO_CONFIG),
                *(f"--set={key}={value}" for key, value in settings.items()), *extra]
     return launch(command)
 
 
 def resume(run_dir: Path) -> subprocess.Popen:
-    return launch([sys.executable, "-m", "zerobubble.cli", "up", "--resume", str(run_dir)])
+    return launch([sys.executable, "-m", "zerobubble", "up", "--resume", str(run_dir)])
 
 
 def launch(command: list[str]) -> subprocess.Popen:

@@ -26,7 +26,7 @@ from e2e_helpers import (
 from stack import tiny_assets
 
 from zerobubble.common.clients.buffer import BufferClient
-from zerobubble.launcher.processes import ServiceProcess
+from zerobubble.tooling.launcher.processes import ServiceProcess
 from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
 
 PROMPTS = 48

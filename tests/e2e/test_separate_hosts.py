@@ -1,5 +1,5 @@
 """Every service on its own host (a network namespace with its own address), started with
-`ip netns exec NS python -m zerobubble.cli serve SVC --config FILE`, configs naming the others by address:
+`ip netns exec NS python -m zerobubble serve SVC --config FILE`, configs naming the others by address:
 a short training runs to its end, and the weights reach the rollout worker over gloo between hosts."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def trainer_processes(run_dir: Path) -> dict[str, list[int]]:
             zombie = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
         except OSError:
             continue
-        if config in argv and "zerobubble.launcher.data_parallel" in argv and not zombie:
+        if config in argv and "zerobubble.tooling.launcher.data_parallel" in argv and not zombie:
             found["rank" if "rank" in argv else "agent"].append(int(entry.name))
     return found
 

@@ -18,7 +18,7 @@ from e2e_helpers import metrics_rows, service_env
 from stack import tiny_assets
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from zerobubble.tiny.task import read_task
+from zerobubble.tooling.tiny.task import read_task
 
 STEPS = 3
 
@@ -49,7 +49,7 @@ def test_up_trains_on_verl_parquet_and_leaves_tensorboard_wandb_and_rollout_logs
                     "server": {"grace_seconds": 1.0}},
     }
     (tmp_path / "up.yaml").write_text(yaml.safe_dump(config))
-    process = subprocess.Popen([sys.executable, "-m", "zerobubble.cli", "up", "--config", str(tmp_path / "up.yaml")],
+    process = subprocess.Popen([sys.executable, "-m", "zerobubble", "up", "--config", str(tmp_path / "up.yaml")],
                                env={**service_env(), "WANDB_SILENT": "true"}, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

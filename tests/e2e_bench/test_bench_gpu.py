@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerobubble.bench.gpu import bench_gpu_generate, bench_gpu_sync, bench_gpu_train
 from zerobubble.common.cuda_ipc import export_handles
+from zerobubble.tooling.bench.gpu import bench_gpu_generate, bench_gpu_sync, bench_gpu_train
 
 
 def test_gpu_train_bench_runs_the_real_update_and_relates_it_to_the_peak():

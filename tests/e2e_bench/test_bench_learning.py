@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from zerobubble.bench.learning import register_bench, trl_schedule
-from zerobubble.launcher.commands import DEMO_CONFIG
+from zerobubble.tooling.bench.learning import register_bench, trl_schedule
+from zerobubble.tooling.launcher.commands import DEMO_CONFIG
 from zerobubble.trainer.optim import OptimConfig, lr_factor
 
 STEPS = 2
@@ -83,7 +83,7 @@ def test_both_systems_train_and_one_evaluator_scores_them(tmp_path):
         assert run["gain_per_minute"] == pytest.approx(run["gain"] / (run["wall_seconds"] / 60), abs=1e-3)
         # The same evaluator: every system's weights sampled on the whole held-out set, n times each, into
         # one file per version, as for the starting weights.
-        assert run["eval"]["evaluator"] == "zerobubble.launcher.final_eval.evaluate_weights"
+        assert run["eval"]["evaluator"] == "zerobubble.tooling.launcher.final_eval.evaluate_weights"
         rows = [json.loads(line) for line in
                 (Path(run["eval"]["output_dir"]) / "heldout" / f"version-{run['version']:06d}.jsonl").open()]
         assert len(rows) == prompts * evaluator["samples_per_prompt"]

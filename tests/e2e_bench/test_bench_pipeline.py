@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from zerobubble.bench.pipeline import register_bench
+from zerobubble.tooling.bench.pipeline import register_bench
 
 PROMPTS = 12
 GROUPS_PER_STEP = 2

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from zerobubble.fuzz.targets import Deployment
+from zerobubble.tooling.fuzz.targets import Deployment
 
 # ZEROBUBBLE_FUZZ_SEED picks other messages than the ones every run sends by default.
 SEED = int(os.environ.get("ZEROBUBBLE_FUZZ_SEED", "0"))

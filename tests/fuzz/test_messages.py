@@ -7,8 +7,8 @@ import math
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from zerobubble.fuzz.messages import ITEM_BYTES, MessageStrategies
-from zerobubble.fuzz.targets import MAX_MESSAGE_BYTES, RPCS
+from zerobubble.tooling.fuzz.messages import ITEM_BYTES, MessageStrategies
+from zerobubble.tooling.fuzz.targets import MAX_MESSAGE_BYTES, RPCS
 from zerobubble.v1 import common_pb2
 
 DRAWS = 150

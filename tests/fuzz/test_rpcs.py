@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import SEED
 
-from zerobubble.fuzz.campaign import fuzz_rpc
-from zerobubble.fuzz.targets import RPCS, health, valid_call
+from zerobubble.tooling.fuzz.campaign import fuzz_rpc
+from zerobubble.tooling.fuzz.targets import RPCS, health, valid_call
 
 EXAMPLES = 1000
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from zerobubble.fuzz.abuse import cancelled_streams, cut_messages
-from zerobubble.fuzz.targets import SERVICES
+from zerobubble.tooling.fuzz.abuse import cancelled_streams, cut_messages
+from zerobubble.tooling.fuzz.targets import SERVICES
 
 
 def test_cancelled_streams_leave_every_service_serving(services):

@@ -9,8 +9,8 @@ import random
 import pytest
 from conftest import SEED
 
-from zerobubble.fuzz.abuse import half_open, junk, undecodable_bodies
-from zerobubble.fuzz.targets import SERVICES
+from zerobubble.tooling.fuzz.abuse import half_open, junk, undecodable_bodies
+from zerobubble.tooling.fuzz.targets import SERVICES
 
 
 @pytest.mark.parametrize("service", SERVICES)

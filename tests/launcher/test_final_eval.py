@@ -7,7 +7,7 @@ import json
 import pytest
 
 from zerobubble.common.config import ConfigError
-from zerobubble.launcher.final_eval import evaluate_checkpoint
+from zerobubble.tooling.launcher.final_eval import evaluate_checkpoint
 from zerobubble.trainer.checkpoints import STATE_FILE
 
 

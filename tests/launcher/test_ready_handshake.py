@@ -13,9 +13,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from zerobubble.launcher.config import write_yaml
-from zerobubble.launcher.processes import ServiceFailed, ServiceProcess
-from zerobubble.launcher.ready import read_announcement
+from zerobubble.tooling.launcher.config import write_yaml
+from zerobubble.tooling.launcher.processes import ServiceFailed, ServiceProcess
+from zerobubble.tooling.launcher.ready import read_announcement
 
 # What a library might print first: its own log lines, and even a line that looks like an address line.
 NOISY_LIBRARY = '''
@@ -57,7 +57,7 @@ def test_a_service_whose_libraries_print_first_still_starts_at_its_own_address(t
 
 
 def test_serve_prints_its_address_line_on_stdout_when_run_by_hand(tmp_path):
-    command = [sys.executable, "-m", "zerobubble.cli", "serve", "reward", "--config", str(reward_config(tmp_path))]
+    command = [sys.executable, "-m", "zerobubble", "serve", "reward", "--config", str(reward_config(tmp_path))]
     env = {key: value for key, value in os.environ.items() if key != "ZEROBUBBLE_READY_FILE"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zerobubble.common.config import ConfigError, load_config
-from zerobubble.launcher.config import RestartsConfig, UpConfig
+from zerobubble.tooling.launcher.config import RestartsConfig, UpConfig
 
 
 def test_the_pause_doubles_with_each_restart_up_to_its_cap():

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from zerobubble.launcher.config import write_yaml
-from zerobubble.launcher.processes import ServiceProcess
-from zerobubble.launcher.tether import KILL_MARGIN_SECONDS, LAUNCHER_FD, RunFolderBusy, Tether
+from zerobubble.tooling.launcher.config import write_yaml
+from zerobubble.tooling.launcher.processes import ServiceProcess
+from zerobubble.tooling.launcher.tether import KILL_MARGIN_SECONDS, LAUNCHER_FD, RunFolderBusy, Tether
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_SECONDS = 1.0
@@ -42,7 +42,7 @@ def test_up_is_refused_while_a_service_holds_the_folder_and_the_service_goes_wit
     service = reward_service(run_dir, tether)
     try:
         service.start(120)
-        up = subprocess.run([sys.executable, "-m", "zerobubble.cli", "up", "--set", f"run_dir={run_dir}"],
+        up = subprocess.run([sys.executable, "-m", "zerobubble", "up", "--set", f"run_dir={run_dir}"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
         assert up.returncode == 1, up.stdout + up.stderr
         assert str(run_dir) in up.stdout and f"reward (pid {service.process.pid})" in up.stdout, up.stdout
@@ -61,7 +61,7 @@ def test_a_service_that_outlives_its_grace_is_killed_with_its_process_group(tmp_
     """A service deaf to SIGTERM (here: told to ignore it) is killed once its grace and the margin are over."""
     read, write = os.pipe()
     code = ("import signal, sys, time\n"
-            "from zerobubble.launcher.tether import follow_launcher\n"
+            "from zerobubble.tooling.launcher.tether import follow_launcher\n"
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             f"follow_launcher({GRACE_SECONDS})\n"
             "print('ready', flush=True)\n"

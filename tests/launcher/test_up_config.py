@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from zerobubble.common.config import ConfigError
-from zerobubble.launcher.commands import register, up_config
-from zerobubble.launcher.config import UpConfig, merge, validated
-from zerobubble.launcher.reference_flags import markdown_table
+from zerobubble.tooling.launcher.commands import register, up_config
+from zerobubble.tooling.launcher.config import UpConfig, merge, validated
+from zerobubble.tooling.launcher.reference_flags import markdown_table
 from zerobubble.trainer.config import TrainerServiceConfig
 
 README = Path(__file__).resolve().parents[2] / "README.md"

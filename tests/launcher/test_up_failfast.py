@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import zerobubble.launcher.dry_run  # noqa: F401  (imports warm: the bound below is on the checks, not on torch)
-from zerobubble.cli import main
+import zerobubble.tooling.launcher.dry_run  # noqa: F401  (imports warm: the bound below is on the checks, not on torch)
 from zerobubble.common.data import DataError, DataSpec, check_data
+from zerobubble.tooling.cli import main
 
 GOOD_ROW = {"messages": [{"role": "user", "content": "1+1?"}], "gt_answer": "2"}
 
@@ -96,7 +96,7 @@ def test_check_data_reads_a_big_file_only_as_long_as_it_is_allowed(tmp_path):
 def test_help_and_version_answer_without_torch():
     code = """
 import sys
-from zerobubble.cli import main
+from zerobubble.tooling.cli import main
 for argv in (["--help"], ["up", "--help"], ["--version"]):
     try:
         main(argv)
@@ -125,7 +125,7 @@ print([name for name in ("torch", "transformers", "vllm") if name in sys.modules
 def test_a_missing_file_is_a_message_naming_it_not_a_traceback(tmp_path, argv):
     missing = tmp_path / "missing"
     argv = [arg.format(missing=missing) for arg in argv]
-    out = subprocess.run([sys.executable, "-m", "zerobubble.cli", *argv], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "zerobubble", *argv], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert out.returncode != 0
     assert str(missing) in out.stdout + out.stderr

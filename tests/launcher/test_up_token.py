@@ -14,9 +14,9 @@ from stack import tiny_assets
 from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.config import TOKEN_ENV
-from zerobubble.launcher.assets import RunAssets
-from zerobubble.launcher.config import UpConfig
-from zerobubble.launcher.run import Run, final_eval
+from zerobubble.tooling.launcher.assets import RunAssets
+from zerobubble.tooling.launcher.config import UpConfig
+from zerobubble.tooling.launcher.run import Run, final_eval
 from zerobubble.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,

@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from zerobubble.bench.data import bench_data
-from zerobubble.launcher.config import UpConfig
-from zerobubble.launcher.run import Run
 from zerobubble.rollout.config import EvalConfig
+from zerobubble.tooling.bench.data import bench_data
+from zerobubble.tooling.launcher.config import UpConfig
+from zerobubble.tooling.launcher.run import Run
 
 
 def test_the_held_out_set_is_read_with_the_training_columns(tmp_path):
@@ -42,7 +42,7 @@ def test_bench_data_refuses_an_unknown_format():
 
 
 def test_the_tiny_model_warms_up_on_a_users_set_in_any_form(tmp_path):
-    from zerobubble.launcher.assets import prepare_assets
+    from zerobubble.tooling.launcher.assets import prepare_assets
 
     train = tmp_path / "data" / "trl.jsonl"
     train.parent.mkdir()

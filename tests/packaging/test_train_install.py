@@ -42,7 +42,7 @@ def train_env(tmp_path_factory):
 
 
 def test_the_wheel_not_the_checkout_is_imported(train_env, tmp_path):
-    code = "import zerobubble, zerobubble.configs as c; print(zerobubble.__file__); print(c.DEMO.read_text())"
+    code = "import zerobubble, zerobubble.tooling.configs as c; print(zerobubble.__file__); print(c.DEMO.read_text())"
     reply = subprocess.run([str(train_env / "python"), "-c", code], capture_output=True, text=True, timeout=60,
                            cwd=tmp_path, env=clean_env(), check=True)
     assert reply.stdout.startswith(str(train_env.parent)), reply.stdout

@@ -33,7 +33,7 @@ def free_port() -> int:
 def serve_reward(scheme: str = "http", host: str = "127.0.0.1", **settings) -> Iterator[Served]:
     port = free_port()
     sets = {**SMALL, "http.listen": f"{host}:{port}", **settings}
-    command = [sys.executable, "-m", "zerobubble.cli", "serve", "reward", "--listen", f"{host}:0",
+    command = [sys.executable, "-m", "zerobubble", "serve", "reward", "--listen", f"{host}:0",
                "--metrics-port", "0"]
     for key, value in sets.items():
         command += ["--set", f"{key}={value}"]

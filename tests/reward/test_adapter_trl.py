@@ -54,9 +54,9 @@ def one_thread():
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory):
     from zerobubble.rollout.prompting import SYSTEM_PROMPTS
-    from zerobubble.tiny.model import make_tiny_model
-    from zerobubble.tiny.task import make_arithmetic_task, read_task
-    from zerobubble.tiny.warm_start import warm_start
+    from zerobubble.tooling.tiny.model import make_tiny_model
+    from zerobubble.tooling.tiny.task import make_arithmetic_task, read_task
+    from zerobubble.tooling.tiny.warm_start import warm_start
 
     folder = tmp_path_factory.mktemp("trl")
     model = make_tiny_model(folder / "model", size="1m", seed=0)
@@ -72,7 +72,7 @@ def test_grpo_trainer_steps_with_the_adapter_as_reward(warm_model, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
     from zerobubble.rollout.prompting import SYSTEM_PROMPTS
-    from zerobubble.tiny.task import chat_messages
+    from zerobubble.tooling.tiny.task import chat_messages
 
     model_dir, rows = warm_model
     dataset = Dataset.from_list([{"prompt": chat_messages(row, SYSTEM_PROMPTS["boxed"]), "gt_answer": row.gt_answer}

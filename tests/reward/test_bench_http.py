@@ -1,6 +1,6 @@
 """`zerobubble bench reward`'s HTTP-against-gRPC part runs end to end and reports both transports."""
 
-from zerobubble.bench.reward_http import CLIENTS, bench_http_vs_grpc
+from zerobubble.tooling.bench.reward_http import CLIENTS, bench_http_vs_grpc
 
 
 def test_bench_http_vs_grpc_reports_both_transports():

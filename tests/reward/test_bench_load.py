@@ -10,7 +10,7 @@ import sys
 
 def test_bench_reward_load_serves_every_stream_and_every_health_check():
     result = subprocess.run(
-        [sys.executable, "-m", "zerobubble.cli", "bench", "reward", "--load", "--streams", "24", "--seconds", "4",
+        [sys.executable, "-m", "zerobubble", "bench", "reward", "--load", "--streams", "24", "--seconds", "4",
          "--math-workers", "1"],
         capture_output=True, text=True, timeout=300,
     )

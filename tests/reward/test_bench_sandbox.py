@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from zerobubble.bench.reward import bench_sandbox
+from zerobubble.tooling.bench.reward import bench_sandbox
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
                                 reason="the sandbox needs root and bubblewrap (make sandbox-tool)")

@@ -10,7 +10,7 @@ import threading
 from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.config import ClientConfig
 
-ZB = [sys.executable, "-m", "zerobubble.cli"]
+ZB = [sys.executable, "-m", "zerobubble"]
 SMALL = ["--set", "math.workers=1", "--set", "sandbox.slots=1"]
 
 

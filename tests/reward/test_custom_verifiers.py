@@ -217,7 +217,7 @@ def test_with_zerobubble_score(service, tmp_path):
         {"verifier": "by_source", "response": "x", "metadata": {"data_source": "puzzles"}},
         {"verifier": "boxed_and_exact", "response": "\\boxed{8}", "gt_answer": "\\boxed{8}"},
     ]))
-    done = subprocess.run([sys.executable, "-m", "zerobubble.cli", "score", "--server", service.address, "--file",
+    done = subprocess.run([sys.executable, "-m", "zerobubble", "score", "--server", service.address, "--file",
                            str(rows), "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     results = [json.loads(line) for line in done.stdout.splitlines()]
@@ -241,7 +241,7 @@ def test_a_callable_that_does_not_import_stops_the_start(folder, function, messa
 
 def test_serve_reports_the_entry_and_exits(folder):
     done = subprocess.run(
-        [sys.executable, "-m", "zerobubble.cli", "serve", "reward", "--listen", "127.0.0.1:0", "--metrics-port", "0",
+        [sys.executable, "-m", "zerobubble", "serve", "reward", "--listen", "127.0.0.1:0", "--metrics-port", "0",
          "--set", "math.workers=1", "--set", "sandbox.slots=1", "--set",
          f"custom_verifiers=[{{name: x, function: 'my_verifiers:missing', path: '{folder}'}}]"],
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -19,7 +19,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen
 from zerobubble.common.clients.reward import RewardClient, score_request
 from zerobubble.common.config import ClientConfig, ConfigError, load_config
 from zerobubble.reward.config import RewardServiceConfig
-from zerobubble.tiny.model import make_tokenizer, tiny_config
+from zerobubble.tooling.tiny.model import make_tokenizer, tiny_config
 
 PAIRS = [("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", "It is 4."),
          ("Q: name a colour.\nA: ", "blue"),
@@ -120,7 +120,7 @@ def test_over_http_v1_and_openrlhf(service, model_path):
 
 def test_with_zerobubble_score(service, model_path):
     prompt, response = PAIRS[0]
-    done = subprocess.run([sys.executable, "-m", "zerobubble.cli", "score", "--server", service.address,
+    done = subprocess.run([sys.executable, "-m", "zerobubble", "score", "--server", service.address,
                            "--verifier", "reward_model", "--prompt", prompt, "--response", response, "--json"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerobubble.rollout.engine import Sample
-from zerobubble.tiny.model import make_tiny_model
+from zerobubble.tooling.tiny.model import make_tiny_model
 
 # Freshly initialised, the tiny model mostly repeats its last input token (its residual stream is the tied
 # embedding). Amplifying the attention and MLP branches makes the next token depend on the context, so

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from zerobubble.bench.rollout import register_bench
-from zerobubble.rollout.engines import vllm_available
+from zerobubble.rollout.engine_factory import vllm_available
+from zerobubble.tooling.bench.rollout import register_bench
 
 PROMPTS = 4
 

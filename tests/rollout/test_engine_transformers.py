@@ -10,8 +10,8 @@ import torch
 from engine_cases import ascii_pair_stop, chat_prompts, checkpoint_weights, recompute_logprobs
 
 from zerobubble.rollout.engine import Engine, SamplingSettings, WeightLoadError, resolve_dtype
+from zerobubble.rollout.engine_factory import make_engine, vllm_available
 from zerobubble.rollout.engine_transformers import TransformersEngine
-from zerobubble.rollout.engines import make_engine, vllm_available
 
 LOGPROB_TOLERANCE = 1e-4
 

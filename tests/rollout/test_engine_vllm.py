@@ -16,8 +16,8 @@ pytest.importorskip("vllm", reason="vllm is not installed in this environment; `
 from engine_cases import ascii_pair_stop, chat_prompts, checkpoint_weights, recompute_logprobs  # noqa: E402
 
 from zerobubble.rollout.engine import SamplingSettings, WeightLoadError  # noqa: E402
+from zerobubble.rollout.engine_factory import make_engine  # noqa: E402
 from zerobubble.rollout.engine_transformers import TransformersEngine  # noqa: E402
-from zerobubble.rollout.engines import make_engine  # noqa: E402
 
 LOGPROB_TOLERANCE = 1e-4
 

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from zerobubble.common.run_spec import SamplingSchedule
 from zerobubble.rollout.prompting import SYSTEM_PROMPTS, PromptBuilder, PromptTooLong
-from zerobubble.tiny.model import make_tiny_model
+from zerobubble.tooling.tiny.model import make_tiny_model
 
 
 @pytest.fixture(scope="module")

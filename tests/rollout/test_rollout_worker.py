@@ -16,11 +16,11 @@ from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.codec import decode_array
 from zerobubble.common.config import load_config
 from zerobubble.common.run_spec import RunSpecMismatch, model_identity
-from zerobubble.launcher.commands import register, up_config
-from zerobubble.launcher.config import merge, validated
-from zerobubble.launcher.run import build_run_spec
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.tooling.launcher.commands import register, up_config
+from zerobubble.tooling.launcher.config import merge, validated
+from zerobubble.tooling.launcher.run import build_run_spec
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
 

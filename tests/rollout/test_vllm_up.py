@@ -30,7 +30,7 @@ def test_up_with_the_vllm_engine_learns(tmp_path):
     run_dir = tmp_path / "run"
     settings = {"run_dir": run_dir, "trainer.max_steps": STEPS, "rollout.eval.interval": 1000,
                 "rollout.eval.samples_per_prompt": EVAL_SAMPLES, "trainer.checkpoint.interval_steps": 1000}
-    command = [sys.executable, "-m", "zerobubble.cli", "up", "-b", "vllm",  # the demo's config, as `make demo` runs
+    command = [sys.executable, "-m", "zerobubble", "up", "-b", "vllm",  # the demo's config, as `make demo` runs
                *(f"--set={key}={value}" for key, value in settings.items())]
     process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

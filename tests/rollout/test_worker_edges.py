@@ -67,7 +67,7 @@ class WorkerProcess:
         self.log = folder / "rollout.log"
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "zerobubble.cli", "serve", "rollout", "--config", str(config)],
+                [sys.executable, "-m", "zerobubble", "serve", "rollout", "--config", str(config)],
                 stdout=subprocess.PIPE, stderr=log, text=True, cwd=folder,
             )
         line = self.process.stdout.readline()

@@ -10,7 +10,7 @@ import pytest
 from zerobubble.reward.extraction import extract_boxed
 from zerobubble.reward.math_judge import judge
 from zerobubble.rollout.prompting import SYSTEM_PROMPTS
-from zerobubble.tiny.task import (
+from zerobubble.tooling.tiny.task import (
     all_questions,
     chat_messages,
     make_arithmetic_task,

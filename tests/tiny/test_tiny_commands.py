@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from zerobubble.tiny.commands import register
-from zerobubble.tiny.task import read_task
+from zerobubble.tooling.tiny.commands import register
+from zerobubble.tooling.tiny.task import read_task
 
 
 def run(argv: list[str], capsys) -> dict:

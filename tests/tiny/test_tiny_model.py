@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zerobubble.tiny.model import IM_END, PAD_TOKEN, SIZES, make_tiny_model, make_tokenizer, parameter_count
+from zerobubble.tooling.tiny.model import IM_END, PAD_TOKEN, SIZES, make_tiny_model, make_tokenizer, parameter_count
 
 EXPECTED_PARAMETERS = {"1m": (0.9e6, 1.2e6), "2m": (1.8e6, 2.6e6), "5m": (4.5e6, 5.6e6), "20m": (18e6, 23e6)}
 

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zerobubble.tiny.model import make_tiny_model
-from zerobubble.tiny.task import read_task
-from zerobubble.tiny.warm_start import IGNORE_INDEX, collate, encode_examples, evaluate, warm_start
+from zerobubble.tooling.tiny.model import make_tiny_model
+from zerobubble.tooling.tiny.task import read_task
+from zerobubble.tooling.tiny.warm_start import IGNORE_INDEX, collate, encode_examples, evaluate, warm_start
 
 # The rollout workers' prompt layout when the run sends no system prompt, as the demo does.
 NO_SYSTEM_PROMPT = ""

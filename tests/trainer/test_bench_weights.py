@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from zerobubble.bench.weights import _Step, register_bench
+from zerobubble.tooling.bench.weights import _Step, register_bench
 
 ROUNDS, STEPS = 2, 2
 FANOUT = (1, 2)

@@ -20,7 +20,7 @@ from strategy_helpers import run_ranks
 from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.codec import encode_array
 from zerobubble.common.config import ConfigError, load_config
-from zerobubble.launcher.data_parallel import agent_command
+from zerobubble.tooling.launcher.data_parallel import agent_command
 from zerobubble.trainer.app import build
 from zerobubble.trainer.config import BatchConfig, TrainerServiceConfig
 from zerobubble.trainer.loop import combine_rank_figures, group_name

@@ -50,7 +50,7 @@ def test_sigterm_ends_a_trainer_within_its_grace_with_watch_streams_open_and_a_p
               "batch": {"pull_wait_seconds": 60.0}, "torch_threads": 1}
     (tmp_path / "trainer.yaml").write_text(yaml.safe_dump(config))
     log = open(tmp_path / "trainer.log", "w")
-    trainer = subprocess.Popen([sys.executable, "-m", "zerobubble.cli", "serve", "trainer",
+    trainer = subprocess.Popen([sys.executable, "-m", "zerobubble", "serve", "trainer",
                                 "--config", str(tmp_path / "trainer.yaml")], stdout=subprocess.PIPE, stderr=log,
                                text=True)
     try:

@@ -1,1 +1,0 @@
-"""What is done with a finished or running run folder: its plot."""

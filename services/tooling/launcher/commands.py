@@ -1,0 +1,45 @@
+"""`zerobubble up [--config FILE] [--set KEY=VALUE] [rl_example.py flags] [--resume RUN_DIR]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zerobubble.common.config import ConfigError, load_config, parse_override
+from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
+from zerobubble.tooling.launcher.config import UpConfig
+from zerobubble.tooling.launcher.reference_flags import add_reference_flags, reference_overrides
+
+
+def up_config(args) -> UpConfig:
+    """The demo config (or --config), then rl_example.py flags, then --set; --resume reloads a run's own."""
+    overrides = reference_overrides(args)
+    overrides.update(parse_override(item) for item in args.set or [])
+    if args.resume is not None:
+        path = args.resume / "configs" / "up.yaml"
+        if not path.exists():
+            raise ConfigError(f"--resume {args.resume}: no run there ({path} is missing)")
+        return load_config(UpConfig, path, overrides)
+    # A missing file (the demo's included) is an error from load_config, never a run on the schema's defaults.
+    return load_config(UpConfig, args.config or DEMO_CONFIG, overrides)
+
+
+def cmd_up(args) -> int:
+    from zerobubble.tooling.launcher.preflight import preflight
+
+    config = up_config(args)
+    preflight(config)
+    # Imported once the input is known good: the pipeline brings torch, which a mistyped path need not wait for.
+    from zerobubble.tooling.launcher.run import up
+
+    return up(config, resume=args.resume is not None)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("up", help="run the whole pipeline on this machine (default: the tiny CPU demo)")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="a run config (default: the demo, zerobubble/configs/demo.yaml)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a field, e.g. pipeline.rollout_workers=2 or trainer.max_steps=10")
+    parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a stopped run")
+    add_reference_flags(parser)
+    parser.set_defaults(run=cmd_up)

@@ -1,0 +1,130 @@
+"""`zerobubble up`: one run of the whole pipeline on this machine, and the service configs it derives.
+
+The knobs several services must agree on (group size, response length, staleness bound, the dynamic
+sampling range) are set once here; each service section takes any other field of that service's schema.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from zerobubble.common.config import ConfigError, Schema, load_config
+from zerobubble.tooling.tiny.shapes import SIZES
+
+
+class TinyModel(Schema):
+    size: str = Field("1m", description="preset of `zerobubble make-tiny-model`: " + ", ".join(SIZES))
+    seed: int = 0
+    warm_start_steps: int = Field(300, ge=0, description="supervised steps before RL (0: none)")
+    warm_start_label_smoothing: float = Field(
+        0.1, ge=0, lt=1, description="label smoothing of the warm start: leaves the model unsure, for RL to sharpen")
+
+    @field_validator("size")
+    @classmethod
+    def _known_size(cls, value: str) -> str:
+        if value not in SIZES:
+            raise ValueError(f"unknown preset {value!r}; known: {', '.join(SIZES)}")
+        return value
+
+
+class ArithmeticTask(Schema):
+    train_size: int = Field(150, gt=0)
+    eval_size: int = Field(50, gt=0)
+    seed: int = 0
+    max_operand: int = Field(9, ge=1, description="operands are 0..max_operand")
+    operations: str = Field("+-", pattern=r"^[+-]+$", description="the operators questions use: +, - or both")
+    operands: int = Field(2, ge=2, le=6, description="numbers per question, worked left to right")
+
+    @model_validator(mode="after")
+    def _enough_questions(self):
+        distinct = (self.max_operand + 1) ** self.operands * len(set(self.operations)) ** (self.operands - 1)
+        if self.train_size + self.eval_size > distinct:
+            raise ValueError(f"train_size + eval_size = {self.train_size + self.eval_size} exceeds the {distinct} "
+                             f"distinct questions of {self.operands} operands with max_operand {self.max_operand} "
+                             f"and operations {self.operations!r}")
+        return self
+
+
+class PipelineConfig(Schema):
+    num_generations: int = Field(8, gt=1, description="responses per prompt (rollout and buffer)")
+    max_new_tokens: int = Field(16, gt=0, description="response limit (rollout, trainer loss and overlong rules)")
+    max_staleness: int | None = Field(None, ge=0, description="0: strictly on-policy; null: unbounded")
+    rollout_workers: int = Field(1, gt=0)
+    torch_threads: int | None = Field(1, gt=0, description="torch CPU threads of each process (warm start, "
+                                      "trainer, workers); null: torch's default. Several processes share the "
+                                      "cores, and oversubscribed torch threads slow each other down many times")
+
+
+class RestartsConfig(Schema):
+    max_per_service: int = Field(3, ge=0, description="times a service that dies is started again before the run "
+                                 "stops (0: the first death stops it)")
+    backoff_seconds: float = Field(1.0, gt=0, description="pause before a service's first restart; it doubles "
+                                   "with each further one")
+    max_backoff_seconds: float = Field(30.0, gt=0, description="the longest pause before a restart")
+
+    def pause_before(self, restart: int) -> float:
+        """Seconds to wait before a service's `restart`-th restart (1 is the first)."""
+        return min(self.max_backoff_seconds, self.backoff_seconds * 2 ** (restart - 1))
+
+
+class UpConfig(Schema):
+    run_dir: Path = Field(Path("runs/demo"), description="everything the run writes")
+    model: Path | None = Field(None, description="an HF model folder; null: make the tiny model (cached)")
+    tiny_model: TinyModel = TinyModel()
+    train_data: Path | None = Field(None, description="training data (JSONL, JSON, parquet or a datasets folder; "
+                                    "buffer.prompts sets its split and columns); null: make the arithmetic task")
+    eval_data: Path | None = Field(None, description="held-out data, read with the training data's columns; null: "
+                                   "the arithmetic task's")
+    task: ArithmeticTask = ArithmeticTask()
+    pipeline: PipelineConfig = PipelineConfig()
+    trainer_processes: int = Field(1, gt=0, description="data-parallel trainer ranks on this machine, under "
+                                   "torchrun (gloo on CPU, NCCL on GPUs); rank 0 serves the trainer's RPCs")
+    startup_timeout_seconds: float = Field(300.0, gt=0)
+    restarts: RestartsConfig = RestartsConfig()
+    final_eval: bool = Field(True, description="evaluate the last checkpoint after training")
+    reward: dict[str, Any] = Field(default_factory=dict, description="fields of the reward service config")
+    buffer: dict[str, Any] = Field(default_factory=dict, description="fields of the buffer service config")
+    trainer: dict[str, Any] = Field(default_factory=dict, description="fields of the trainer service config")
+    rollout: dict[str, Any] = Field(default_factory=dict, description="fields of every rollout worker's config")
+
+    def prompts_reading(self, *keys: str) -> dict[str, Any]:
+        """How the training set is read (of buffer.prompts: split, columns, skip_bad_rows), for other readers of
+        the user's data."""
+        prompts = self.buffer.get("prompts", {})
+        return {key: prompts[key] for key in keys if key in prompts}
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Nested dicts merged key by key; anything else in `overrides` replaces what `base` had."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def write_yaml(path: Path, tree: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(_plain(tree), sort_keys=False))
+    return path
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def validated(schema, tree: dict[str, Any], where: str):
+    """The service config a section gives, checked before any process starts; errors name the section."""
+    try:
+        return load_config(schema, None, tree)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None

@@ -1,0 +1,67 @@
+"""What `zerobubble up` checks before it starts a service or makes a model, so that a mistake costs seconds, not a
+warm start and half a pipeline: the model folder, the data files and their rows, and every service's config as the
+run would write it. Each failure is a ConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from zerobubble.common.config import ConfigError
+from zerobubble.common.data import HUB_ID, DataError, DataSpec, check_data
+from zerobubble.tooling.launcher.assets import RunAssets
+from zerobubble.tooling.launcher.config import UpConfig, validated
+
+# Rows of each data file checked before the start: all of a small file, the first part of a big one (the services
+# read the rest, with the same checks, when they start).
+DATA_CHECK_SECONDS = 1.5
+
+
+def preflight(config: UpConfig) -> None:
+    """The cheap checks first: a mistyped path is reported before torch is imported."""
+    if config.model is not None:
+        check_model(config.model)
+    check_run_data(config)
+    check_services(config)
+
+
+def check_model(model: Path) -> None:
+    if not model.exists():
+        hint = "no such folder"
+        if HUB_ID.fullmatch(str(model)):
+            hint = (f"{str(model)!r} looks like a Hugging Face hub id, and models from the hub need network: download "
+                    f"it first (huggingface-cli download {model} --local-dir DIR) and give the folder")
+        raise ConfigError(f"model: {model}: {hint}")
+    if not model.is_dir():
+        raise ConfigError(f"model: {model} is a file; expected a Hugging Face model folder (with config.json)")
+    try:
+        json.loads((model / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"model: {model} has no config.json: not a Hugging Face model folder") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model: {model}/config.json cannot be read: {exc}") from None
+
+
+def check_run_data(config: UpConfig) -> None:
+    """The user's training and held-out sets, read as the buffer and the evaluation will read them."""
+    sets = (("train_data", config.train_data, config.prompts_reading("split", "columns", "skip_bad_rows"), "train"),
+            ("eval_data", config.eval_data, config.prompts_reading("columns", "skip_bad_rows"), "test"))
+    for name, path, reading, default_split in sets:
+        if path is None:
+            continue
+        spec = validated(DataSpec, {"path": path, **reading}, "buffer.prompts")
+        try:
+            check_data(spec, field="buffer.prompts", default_split=default_split, seconds=DATA_CHECK_SECONDS)
+        except DataError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+
+
+def check_services(config: UpConfig) -> None:
+    """Every service's config, as the run would write it (the trainer's schema brings torch: checked last)."""
+    from zerobubble.tooling.launcher.dry_run import DryRun
+
+    made_here = Path("(made by up)")
+    train = config.train_data or made_here / "train.jsonl"
+    held_out = config.eval_data or (made_here / "eval.jsonl" if config.train_data is None else None)
+    DryRun(config).launch(RunAssets(model=config.model or made_here, train=train, eval=held_out))

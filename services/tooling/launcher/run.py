@@ -1,0 +1,231 @@
+"""`zerobubble up`: every service its own process on loopback, started in order and health-checked, a live
+progress line, and a run folder (configs, logs, metrics, rollouts' evals, checkpoints, a plot).
+
+Order: reward, buffer, trainer (it hosts the weight-sync store), rollout workers. The run ends when the
+trainer finishes (exit 0). A service that dies is restarted (the trainer from its checkpoint) until its restarts
+are used up, which stops everything with an error. The services hold the run folder with the launcher and
+stop when it is gone, however it ended (tether.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zerobubble.buffer.config import BufferServiceConfig
+from zerobubble.common.config import TOKEN_ENV, ClientConfig, ConfigError, load_config
+from zerobubble.common.run_spec import RunSpec, model_identity, require_agreement
+from zerobubble.reward.config import RewardServiceConfig
+from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
+from zerobubble.tooling.launcher.config import UpConfig, merge, validated, write_yaml
+from zerobubble.tooling.launcher.processes import ServiceFailed, ServiceProcess
+from zerobubble.tooling.launcher.progress import ProgressLine
+from zerobubble.tooling.launcher.supervisor import Supervisor
+from zerobubble.tooling.launcher.tether import RunFolderBusy, Tether
+from zerobubble.trainer.config import TrainerServiceConfig
+
+log = logging.getLogger(__name__)
+LOOPBACK = "127.0.0.1:0"
+# Other users of this machine reach loopback ports too: every service of a run requires the run's token, which
+# the services (processes started by this one) read from the environment.
+TOKEN = {"auth_token_env": TOKEN_ENV}
+SERVER = {"listen": LOOPBACK, **TOKEN}
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM reached the launcher."""
+
+
+@dataclass
+class Run:
+    config: UpConfig
+    resume: bool = False
+    tether: Tether | None = None
+    services: list[ServiceProcess] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.config.run_dir
+
+    def start(self, name: str, service: str, schema, tree: dict, restart_overrides: tuple[str, ...] = (),
+              processes: int = 1) -> ServiceProcess:
+        validated(schema, tree, f"{service} section")
+        path = write_yaml(self.run_dir / "configs" / f"{name}.yaml", tree)
+        log.info("starting %s", name)
+        process = ServiceProcess(name, service, path, self.run_dir / "logs", tether=self.tether,
+                                 restart_overrides=restart_overrides, processes=processes)
+        self.services.append(process)
+        return process.start(self.config.startup_timeout_seconds)
+
+    def client_config(self, process: ServiceProcess) -> ClientConfig:
+        """How this process calls one of the run's services."""
+        return ClientConfig(address=process.address, **TOKEN)
+
+    def launch(self, assets: RunAssets) -> ServiceProcess:
+        """Start every service in order; returns the trainer. The run's token is $ZEROBUBBLE_AUTH_TOKEN when set
+        (so other tools can call the services), else a new random one."""
+        os.environ.setdefault(TOKEN_ENV, secrets.token_urlsafe(32))
+        config, pipeline = self.config, self.config.pipeline
+        reward = self.start("reward", "reward", RewardServiceConfig, merge(
+            {"server": SERVER, "math": {"workers": 1}}, config.reward))
+        trainer_tree = merge({
+            "server": SERVER, "model": assets.model, "run_dir": self.run_dir / "trainer",
+            "resume": self.resume, "torch_threads": pipeline.torch_threads,
+            # Where the rollout's evaluations land, for the trainer's dashboards (when it has any).
+            "tracking": {"eval_summary": self.run_dir / "eval" / "summary.jsonl"},
+        }, config.trainer)
+        trainer_config = validated(TrainerServiceConfig, trainer_tree, "trainer section")
+        try:
+            trainer_config.batch.groups_per_rank(config.trainer_processes)
+        except ConfigError as exc:
+            raise ConfigError(f"trainer section: {exc} (trainer_processes)") from None
+        spec = build_run_spec(config, trainer_config, assets.model)
+        # What the trainer and rollout sections state of the run is checked now, not when those services start.
+        rollout_config = validated(RolloutServiceConfig, merge({"model": {"path": assets.model}}, config.rollout),
+                                   "rollout section")
+        for section in (trainer_config, rollout_config):
+            require_agreement(spec, section.expectations(), source="the buffer section's run_spec and pipeline")
+        queued_steps = 1 if spec.max_staleness == 0 else 2
+        buffer = self.start("buffer", "buffer", BufferServiceConfig, merge({
+            "server": SERVER, "prompts": {"path": assets.train},
+            # Workers stop leasing when two steps of groups wait (one, strictly on-policy): generating further
+            # ahead would only make samples the staleness bound throws away.
+            "capacity": {"max_groups": queued_steps * trainer_config.batch.groups_per_step},
+            "wal": {"directory": self.run_dir / "buffer-wal"},
+        }, {**config.buffer, "run_spec": spec.model_dump(mode="json")}))
+        trainer = self.start("trainer", "trainer", TrainerServiceConfig,
+                             merge(trainer_tree, {"buffer": {"address": buffer.address, **TOKEN}}),
+                             restart_overrides=("resume=true",), processes=config.trainer_processes)
+        for i in range(pipeline.rollout_workers):
+            tree = {
+                "server": SERVER, "worker_id": f"rollout-{i}", "model": {"path": assets.model},
+                "generation": {"seed": 1000 * i},
+                "buffer": {"address": buffer.address, **TOKEN}, "reward_service": {"address": reward.address, **TOKEN},
+                "trainer": {"address": trainer.address, **TOKEN}, "torch_threads": pipeline.torch_threads,
+            }
+            if i == 0 and assets.eval is not None:
+                # A resumed run has its before-training evaluation; the worker's first weights are the base model's.
+                tree["eval"] = {"datasets": {"heldout": self.heldout_spec(assets.eval)},
+                                "output_dir": self.run_dir / "eval", "at_start": not self.resume}
+            self.start(f"rollout-{i}", "rollout", RolloutServiceConfig, merge(tree, config.rollout))
+        return trainer
+
+    def heldout_spec(self, path: Path) -> dict:
+        """The held-out set is read as the training prompts are (the same column mapping and bad-row rule); a
+        folder's split is its own (test by default)."""
+        return {"path": path, **self.config.prompts_reading("columns", "skip_bad_rows")}
+
+    def watch(self, trainer: ServiceProcess, progress: ProgressLine) -> None:
+        """Until the trainer finishes, restarting what dies; raises ServiceFailed when a service dies with its
+        restarts used up."""
+        supervisor = Supervisor(self.services, trainer, self.config.restarts, self.config.startup_timeout_seconds)
+        while not supervisor.check():
+            progress.refresh()
+            time.sleep(0.5)
+
+    def stop_all(self) -> None:
+        """Every service in reverse order, then the run folder is free."""
+        for process in reversed(self.services):
+            process.stop()
+        if self.tether is not None:
+            self.tether.release()
+            self.tether = None
+
+
+def build_run_spec(config: UpConfig, trainer: TrainerServiceConfig, model: Path) -> RunSpec:
+    """The run's spec, built once: the pipeline's knobs, the trainer's algorithm preset and the model's identity,
+    under whatever the buffer section's run_spec sets itself."""
+    pipeline = config.pipeline
+    derived = {
+        "algorithm": trainer.algorithm.preset, "num_generations": pipeline.num_generations,
+        "max_new_tokens": pipeline.max_new_tokens, "max_staleness": pipeline.max_staleness,
+    }
+    # Checking a run before `up` makes its model (the dry run of preflight) leaves the identity unpinned.
+    if (model / "config.json").is_file():
+        derived["model"] = model_identity(model).model_dump()
+    return validated(RunSpec, merge(derived, config.buffer.get("run_spec", {})), "buffer section: run_spec")
+
+
+def _interrupt(signum, _frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def up(config: UpConfig, *, resume: bool = False, cache: Path | None = None) -> int:
+    """Run the pipeline to the end; returns the exit code (0 done, 1 a service failed or the run folder is in use,
+    130 interrupted)."""
+    try:
+        run = Run(config, resume=resume, tether=Tether.hold(config.run_dir))
+    except RunFolderBusy as exc:
+        print(f"zerobubble up: {exc}", flush=True)
+        return 1
+    write_yaml(config.run_dir / "configs" / "up.yaml", config.model_dump(mode="json"))
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
+    progress = ProgressLine(config.run_dir)
+    try:
+        assets = prepare_assets(config, cache or config.run_dir.parent / ".assets")
+        trainer = run.launch(assets)
+        progress.start()
+        run.watch(trainer, progress)
+        progress.close()
+        if config.final_eval and assets.eval is not None:
+            final_eval(run, assets)
+        track_evaluations(run)
+    except Interrupted as exc:
+        progress.close()
+        print(f"zerobubble up: {exc} received, stopping the services", flush=True)
+        run.stop_all()
+        return 130
+    except (ServiceFailed, ConfigError) as exc:
+        progress.close()
+        print(f"zerobubble up: {exc}", flush=True)
+        run.stop_all()
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    run.stop_all()
+    summary = finish(config.run_dir, time.monotonic() - started)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def final_eval(run: Run, assets: RunAssets) -> None:
+    """The held-out set on the last checkpoint, through the running reward service, into eval/."""
+    from zerobubble.tooling.launcher.final_eval import evaluate_checkpoint
+
+    reward = next(p for p in run.services if p.service == "reward")
+    evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward))
+
+
+def track_evaluations(run: Run) -> None:
+    """Evaluations written once the trainer had stopped (the final one above all) reach its dashboards too."""
+    from zerobubble.trainer.tracking import log_new_evaluations
+
+    log_new_evaluations(load_config(TrainerServiceConfig, run.run_dir / "configs" / "trainer.yaml"))
+
+
+def finish(run_dir: Path, seconds: float) -> dict:
+    """The run's headline figures (first and last evaluation) and its plot."""
+    from zerobubble.tooling.plot import plot_run
+
+    summary: dict = {"run_dir": str(run_dir), "wall_seconds": round(seconds, 1)}
+    evals_path = run_dir / "eval" / "summary.jsonl"
+    if evals_path.exists():
+        evals = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
+        if evals:
+            first, last = min(evals, key=lambda e: e["version"]), max(evals, key=lambda e: e["version"])
+            summary.update({"eval_before": first["pass@1"], "eval_after": last["pass@1"],
+                            "version_before": first["version"], "version_after": last["version"]})
+    try:
+        summary["plot"] = str(plot_run(run_dir))
+    except (OSError, ValueError) as exc:
+        log.warning("no plot: %s", exc)
+    return summary
