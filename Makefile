@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PROTOS := $(wildcard protos/zerobubble/v1/*.proto)
 
-.PHONY: install test lint demo protos clean compose-tool sandbox-tool
+.PHONY: install test test-fast lint demo protos clean compose-tool sandbox-tool
 
 # pyproject.toml gives ranges; constraints.txt the exact versions the tests run on.
 $(STAMP): pyproject.toml constraints.txt
@@ -25,6 +25,12 @@ test: lint compose-tool
 	$(MAKE) --no-print-directory test-colossalai
 	$(MAKE) --no-print-directory test-trl
 	$(MAKE) --no-print-directory test-compose
+
+# The lane for your own loop (about 3 minutes on 2 cores): units and single-service tests, spread over 4 workers
+# since most of them wait on sockets and processes; whole runs, benches, the fuzz soak and slow tests are left to
+# `make test` (the markers are set by folder in tests/conftest.py).
+test-fast: lint
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 4 --durations=10 -m "not slow and not e2e and not bench and not fuzz"
 
 # The tiny CPU demo: every service its own process on loopback, a live progress line, a run folder in runs/demo.
 demo: install

@@ -28,7 +28,7 @@ def test_coroutines_wake_on_a_notify_from_a_thread_and_hold_no_threads():
 
     before = threading.active_count()
     threads_while_waiting, results = asyncio.run(main())
-    assert threads_while_waiting == before
+    assert threads_while_waiting <= before  # a thread each would add a thousand; other tests' may end meanwhile
     assert results == [i + 1 for i in range(1000)]
     assert not cond._coroutine_waiters
 

@@ -73,8 +73,11 @@ def test_plot_command_prints_the_path(tmp_path, capsys):
     assert (tmp_path / "p.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_the_zerobubble_command_lists_plot():
-    assert cli.COMMANDS["plot"][0] == "zerobubble.tooling.plot"
+def test_the_zerobubble_command_lists_plot_and_parses_it(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["plot", "--help"])
+    assert exc.value.code == 0
+    assert "RUN_DIR" in capsys.readouterr().out.upper()
 
 
 def test_missing_metrics_names_the_file(tmp_path):
