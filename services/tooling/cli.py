@@ -59,7 +59,12 @@ def cmd_serve(args) -> NoReturn:
 def cmd_config(args) -> int:
     from zerobubble.common.config_reference import reference
 
-    print(reference(_service_module(args.service).CONFIG_SCHEMA))
+    if args.service == "up":
+        from zerobubble.tooling.launcher.config import UpConfig
+
+        print(reference(UpConfig))
+    else:
+        print(reference(_service_module(args.service).CONFIG_SCHEMA))
     return 0
 
 
@@ -147,8 +152,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     serve.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field, e.g. math.workers=4")
     serve.set_defaults(run=cmd_serve)
 
-    config = sub.add_parser("config", help="list a service's settings with their defaults")
-    config.add_argument("service", choices=SERVICES)
+    config = sub.add_parser("config", help="list a service's settings (or `up`'s, the run's) with their defaults")
+    config.add_argument("service", choices=(*SERVICES, "up"))
     config.set_defaults(run=cmd_config)
 
     score = sub.add_parser("score", help="score one completion or a JSONL file of them")

@@ -37,7 +37,7 @@ def cmd_up(args) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("up", help="run the whole pipeline on this machine (default: the tiny CPU demo)")
     parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="a run config (default: the demo, zerobubble/configs/demo.yaml)")
+                        help="a run config (default: the demo, services/tooling/configs/demo.yaml)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a field, e.g. pipeline.rollout_workers=2 or trainer.max_steps=10")
     parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a stopped run")

@@ -1,0 +1,87 @@
+"""What a strict build checks beyond MkDocs' own links: every repository path written in code (`services/...`,
+`tests/...`, ...) exists and is spelled from the repository root, and every configuration key written in code
+resolves in the schemas. A renamed file or key then breaks the build, naming the page."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+log = logging.getLogger("mkdocs.hooks.checks")
+
+_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+_PATH = re.compile(r"^(services|tests|deploy|protos|docs|\.ci)/[\w./*-]*$")
+# Other spellings of a repository path: through the package name, or from inside services/.
+_OTHER_SPELLING = re.compile(r"^(zerobubble/|(common|reward|buffer|rollout|trainer|tooling)/)[\w/]+\.py\b")
+_KEY = re.compile(r"^([a-z_]+(?:\.[a-z_0-9]+)+)(?:[ =:].*)?$")
+
+
+def _schemas():
+    from zerobubble.tooling.launcher.config import UpConfig
+
+    services = {name: importlib.import_module(f"zerobubble.{name}.app").CONFIG_SCHEMA
+                for name in ("reward", "buffer", "rollout", "trainer")}
+    return UpConfig, services
+
+
+def _resolves(schema, parts: list[str]) -> bool:
+    from pydantic import BaseModel
+
+    node = schema
+    for part in parts:
+        fields = getattr(node, "model_fields", None)
+        if fields is None or part not in fields:
+            return False
+        annotation = fields[part].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            # A leaf (or a dict of free-form entries, such as by_data_source): what follows is data, not a key.
+            return True
+        node = annotation
+    return True
+
+
+def key_problem(key: str, up, services) -> str | None:
+    """Why `key` names no setting, or None. Only keys whose first part is a section of some schema are judged:
+    module paths and other dotted names pass."""
+    parts = key.split(".")
+    roots = [up, *services.values()]
+    if not any(parts[0] in schema.model_fields for schema in roots):
+        return None
+    if parts[0] in services and parts[0] in up.model_fields and _resolves(services[parts[0]], parts[1:]):
+        return None   # `up`'s service sections take their service's keys
+    if any(_resolves(schema, parts) for schema in roots if not (schema is up and parts[0] in services)):
+        return None
+    return f"the configuration key `{key}` is in no schema"
+
+
+def path_problem(text: str) -> str | None:
+    if _OTHER_SPELLING.match(text):
+        return f"`{text}`: write repository paths from the repository root (services/...)"
+    if _PATH.match(text):
+        path = text.split("::")[0].rstrip("/")
+        if not any(ROOT.glob(path)) if "*" in path else not (ROOT / path).exists():
+            return f"`{text}` does not exist in the repository"
+    return None
+
+
+def problems(markdown: str, up, services) -> list[str]:
+    found = []
+    for match in _CODE.finditer(re.sub(r"```.*?```", "", markdown, flags=re.DOTALL)):
+        text = match.group(1).strip()
+        problem = path_problem(text)
+        key = _KEY.match(text)
+        if problem is None and key and "/" not in text:
+            problem = key_problem(key.group(1), up, services)
+        if problem:
+            found.append(problem)
+    return found
+
+
+def on_page_markdown(markdown, page, config, files):
+    up, services = _schemas()
+    for problem in problems(markdown, up, services):
+        log.warning("%s: %s", page.file.src_uri, problem)
+    return markdown

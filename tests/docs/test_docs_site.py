@@ -1,0 +1,67 @@
+"""The documentation site builds strictly, and its own checks catch a renamed file or configuration key."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MKDOCS = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
+
+
+def load_checks():
+    spec = importlib.util.spec_from_file_location("docs_checks", ROOT / "docs" / "hooks" / "checks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([MKDOCS, "build", "--strict", "-f", str(config), "-d", str(site)], cwd=config.parent,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
+@pytest.fixture
+def mkdocs():
+    if MKDOCS is None:
+        pytest.skip("mkdocs is not installed beside this Python (the dev extra brings it: `make install`)")
+    return MKDOCS
+
+
+def test_the_site_builds_strictly_with_its_generated_reference(mkdocs, tmp_path):
+    done = build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode == 0, done.stderr[-3000:]
+    configuration = (tmp_path / "site" / "reference" / "configuration" / "index.html").read_text()
+    # Generated from the schemas: a key of `up` and one of a service are there.
+    assert "run_dir" in configuration and "validation.max_version_ahead" in configuration
+    assert "JoinWeightSync" in (tmp_path / "site" / "reference" / "rpcs" / "index.html").read_text()
+    assert "/v1/score" in (tmp_path / "site" / "reference" / "http" / "index.html").read_text()
+    assert "zerobubble up" in (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+
+
+def test_a_missing_path_a_second_spelling_and_an_unknown_key_are_found():
+    checks = load_checks()
+    up, services = checks._schemas()
+    found = checks.problems("See `services/trainer/loop.py`, `services/nowhere.py`, `buffer/core.py`, "
+                            "`trainer.batch.groups_per_step`, `buffer.run_spec.max_new_tokenz`, "
+                            "`validation.max_version_ahead`, `torch.distributed` and `metrics.jsonl`.", up, services)
+    assert found == ["`services/nowhere.py` does not exist in the repository",
+                     "`buffer/core.py`: write repository paths from the repository root (services/...)",
+                     "the configuration key `buffer.run_spec.max_new_tokenz` is in no schema"]
+
+
+def test_a_page_naming_a_removed_key_fails_the_build(mkdocs, tmp_path):
+    (tmp_path / "docs" / "hooks").mkdir(parents=True)
+    shutil.copy(ROOT / "docs" / "hooks" / "checks.py", tmp_path / "docs" / "hooks" / "checks.py")
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\nSet `pipeline.max_new_token` to 64.\n")
+    (tmp_path / "mkdocs.yml").write_text("site_name: t\nhooks:\n  - docs/hooks/checks.py\n"
+                                         "exclude_docs: |\n  hooks/\n")
+    done = build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode != 0
+    assert "index.md: the configuration key `pipeline.max_new_token` is in no schema" in done.stderr
