@@ -34,7 +34,8 @@ def configuration() -> str:
              "(`zerobubble config SERVICE` prints the same). A run of `zerobubble up` is configured by its own "
              "file (below, first); `zerobubble serve SERVICE --config FILE` reads the service's.", ""]
     schemas = [("zerobubble up", UpConfig)]
-    schemas += [(f"{name} service", importlib.import_module(f"zerobubble.{name}.app").CONFIG_SCHEMA) for name in SERVICES]
+    for name in SERVICES:
+        schemas.append((f"{name} service", importlib.import_module(f"zerobubble.{name}.app").CONFIG_SCHEMA))
     for title, schema in schemas:
         rows = [(f"`{name}`", f"`{default}`", doc) for name, default, doc in describe(schema)]
         parts += [f"## {title}", "", _table(("key", "default", "meaning"), rows), ""]
@@ -51,7 +52,8 @@ def cli() -> str:
         parser = command.build_parser(argv)
         node = parser
         for word in argv:
-            node = next(action for action in node._actions if isinstance(action, argparse._SubParsersAction)).choices[word]
+            subparsers = next(action for action in node._actions if isinstance(action, argparse._SubParsersAction))
+            node = subparsers.choices[word]
         return node.format_help()
 
     parts += ["## zerobubble", "", "```text", help_of([]).rstrip(), "```", ""]
