@@ -5,6 +5,7 @@ Every default lives in the schema classes; YAML files in configs/ only say what 
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -172,12 +173,26 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
 
 
-def _describe(error: ValidationError) -> str:
+def _leaf_keys(schema: Any, prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in getattr(schema, "model_fields", {}).items():
+        inner = _leaf_keys(field.annotation, f"{prefix}{name}.")
+        keys += inner or [f"{prefix}{name}"]
+    return keys
+
+
+def describe_errors(error: ValidationError, schema: type[BaseModel], prefix: str = "") -> list[str]:
+    """One line per error, naming the field as the user writes it (`prefix` first); an unknown key gets the
+    closest key the schema has, if one is close."""
     lines = []
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"  {field}: {item['msg']}")
-    return "\n".join(lines)
+        field = prefix + ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(field, [prefix + key for key in _leaf_keys(schema)], n=1)
+            message = "unknown key" + (f"; did you mean {close[0]}?" if close else "")
+        lines.append(f"  {field}: {message}" if field else message if message.startswith("  ") else f"  {message}")
+    return lines
 
 
 def load_config(
@@ -204,5 +219,7 @@ def load_config(
     try:
         return schema.model_validate(tree)
     except ValidationError as exc:
-        source = f" in {path}" if path else ""
-        raise ConfigError(f"invalid {schema.__name__} configuration{source}:\n{_describe(exc)}") from None
+        # A mistake in an override is not the file's: name both sources when both are there.
+        source = (f" in {path} with its overrides" if overrides else f" in {path}") if path else ""
+        lines = "\n".join(describe_errors(exc, schema))
+        raise ConfigError(f"invalid {schema.__name__} configuration{source}:\n{lines}") from None

@@ -54,7 +54,8 @@ class RunSpec(VerifierRouting):
     algorithm: PresetName = Field("GRPO", description="the algorithm preset; the trainer's algorithm.preset must "
                                   "match, and it gives filter_range and annealing their defaults")
     model: ModelIdentity = ModelIdentity()
-    num_generations: int = Field(8, gt=0, description="trajectories per group")
+    num_generations: int = Field(8, gt=1, description="trajectories per group (two at least: a group's advantages "
+                                 "compare its samples)")
     max_prompt_tokens: int = Field(512, gt=0, description="longer prompts lose the start of their content, never "
                                    "the chat template around it")
     max_new_tokens: int = Field(256, gt=0, description="the response limit: generation, the constant loss "

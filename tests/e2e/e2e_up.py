@@ -23,7 +23,7 @@ GENERATIONS, GROUPS_PER_STEP = 4, 4
 # The demo made small: no warm start (the model is made in a second), a short task, four groups of four per step.
 SMALL_RUN = {
     "tiny_model.warm_start_steps": 0, "task.train_size": 32, "task.eval_size": 4, "buffer.prompts.epochs": 1,
-    "pipeline.num_generations": GENERATIONS, "pipeline.max_new_tokens": 8,
+    "run.num_generations": GENERATIONS, "run.max_new_tokens": 8,
     "trainer.batch.groups_per_step": GROUPS_PER_STEP,
     "trainer.batch.micro_batch_samples": 16, "rollout.generation.prompts_per_batch": 4,
     "rollout.eval.interval": 1000, "rollout.eval.samples_per_prompt": 2, "final_eval": False,

@@ -39,7 +39,7 @@ def test_up_trains_on_verl_parquet_and_leaves_tensorboard_wandb_and_rollout_logs
         "run_dir": str(run_dir), "model": str(model),
         "train_data": str(verl_parquet(train, tmp_path / "train.parquet", "arithmetic")),
         "eval_data": str(verl_parquet(held_out, tmp_path / "test.parquet", "arithmetic-heldout")),
-        "pipeline": {"num_generations": 4, "max_new_tokens": 8},
+        "run": {"num_generations": 4, "max_new_tokens": 8},
         "buffer": {"prompts": {"epochs": 2}},
         "trainer": {"max_steps": STEPS, "batch": {"groups_per_step": 4, "micro_batch_samples": 16},
                     "server": {"grace_seconds": 1.0},

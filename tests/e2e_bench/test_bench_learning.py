@@ -32,7 +32,9 @@ def test_unknown_system_is_refused_naming_the_flag(capsys):
     assert "--systems" in err and "'verl'" in err
 
 
-DEMO_OPTIM = yaml.safe_load(DEMO_CONFIG.read_text())["trainer"]["strategy"]["optim"]
+# The demo's schedule with the length `up` derives for it (tests/launcher/test_run_settings.py).
+DEMO_STEPS = 237
+DEMO_OPTIM = {**yaml.safe_load(DEMO_CONFIG.read_text())["trainer"]["strategy"]["optim"], "total_steps": DEMO_STEPS}
 
 
 @pytest.mark.parametrize("optim", [
@@ -94,7 +96,7 @@ def test_both_systems_train_and_one_evaluator_scores_them(tmp_path):
         assert set(figures["zerobubble_vs_trl"]) == {"gain_per_1k_samples", "gain_per_minute"}
     # Both decay the learning rate over the measured steps: the demo's cosine is cut to them, as TRL's spans them.
     trained = json.loads((tmp_path / "work" / "zerobubble-seed0" / "trainer" / "trainer-config.json").read_text())
-    assert trained["strategy"]["optim"]["total_steps"] == STEPS != DEMO_OPTIM["total_steps"]
+    assert trained["strategy"]["optim"]["total_steps"] == STEPS != DEMO_STEPS
     if "trl" in ran:
         trl = json.loads((tmp_path / "work" / "trl-seed0" / "settings.json").read_text())
         assert {key: trl[key] for key in ("lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps")} == \

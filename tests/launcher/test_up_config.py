@@ -13,7 +13,11 @@ from zerobubble.tooling.launcher.config import UpConfig, merge, validated
 from zerobubble.tooling.launcher.reference_flags import markdown_table
 from zerobubble.trainer.config import TrainerServiceConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PEERS_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "coming-from-peers.md"
+
+
+# What `up` fills in of the trainer's config itself: the model, and the schedule's length it derives.
+DERIVED = {"model": "m", "strategy": {"optim": {"total_steps": 100}}}
 
 
 def parse(*argv: str):
@@ -25,7 +29,7 @@ def parse(*argv: str):
 def test_the_demo_config_is_the_default_and_valid():
     config = up_config(parse())
     assert config.run_dir == Path("runs/demo") and config.model is None and config.train_data is None
-    trainer = validated(TrainerServiceConfig, merge({"model": "m"}, config.trainer), "trainer section")
+    trainer = validated(TrainerServiceConfig, merge(DERIVED, config.trainer), "trainer section")
     assert trainer.algorithm.clip_low == pytest.approx(0.2)
 
 
@@ -35,10 +39,11 @@ def test_reference_flags_land_on_the_configuration():
                              "-ed", '{"math": "eval.jsonl"}', "-rt", "think_answer_tags", "-kl", "0.05"))
     assert config.model == Path("/models/q") and config.train_data == Path("train.jsonl")
     assert config.eval_data == Path("eval.jsonl") and config.run_dir == Path("runs/exp1")
-    assert config.pipeline.num_generations == 4 and config.pipeline.rollout_workers == 2
-    assert config.pipeline.max_new_tokens == 64 and config.buffer["prompts"]["epochs"] == 3
-    assert config.buffer["run_spec"]["verifier"] == "think_answer_tags"
-    trainer = validated(TrainerServiceConfig, merge({"model": "m"}, config.trainer), "trainer section")
+    assert config.run.num_generations == 4 and config.pipeline.rollout_workers == 2
+    assert config.run.max_new_tokens == 64 and config.buffer["prompts"]["epochs"] == 3
+    assert config.run.verifier == "think_answer_tags" and config.run.algorithm == "DAPO"
+    trainer = validated(TrainerServiceConfig, merge({**DERIVED, "algorithm": {"preset": config.run.algorithm}},
+                                                    config.trainer), "trainer section")
     assert trainer.algorithm.clip_high == pytest.approx(0.28)  # the DAPO preset
     assert trainer.algorithm.beta == pytest.approx(0.05)
     assert trainer.strategy.optim.lr == pytest.approx(1e-5)
@@ -46,10 +51,10 @@ def test_reference_flags_land_on_the_configuration():
 
 
 def test_set_overrides_come_last_and_bad_fields_are_named():
-    config = up_config(parse("-g", "4", "--set", "pipeline.num_generations=6"))
-    assert config.pipeline.num_generations == 6
-    with pytest.raises(ConfigError, match="pipeline.num_generations"):
-        up_config(parse("--set", "pipeline.num_generations=1"))
+    config = up_config(parse("-g", "4", "--set", "run.num_generations=6"))
+    assert config.run.num_generations == 6
+    with pytest.raises(ConfigError, match="run.num_generations"):
+        up_config(parse("--set", "run.num_generations=1"))
     assert up_config(parse("-t", "2")).trainer_processes == 2
     with pytest.raises(ConfigError, match="trainer_processes"):
         up_config(parse("--set", "trainer_processes=0"))
@@ -77,10 +82,10 @@ def test_resume_reads_the_runs_own_config(tmp_path):
     with pytest.raises(ConfigError, match="no run there"):
         up_config(parse("--resume", str(tmp_path)))
     (tmp_path / "configs").mkdir()
-    (tmp_path / "configs" / "up.yaml").write_text(f"run_dir: {tmp_path}\npipeline:\n  num_generations: 5\n")
+    (tmp_path / "configs" / "up.yaml").write_text(f"run_dir: {tmp_path}\nrun:\n  num_generations: 5\n")
     config = up_config(parse("--resume", str(tmp_path)))
-    assert isinstance(config, UpConfig) and config.pipeline.num_generations == 5
+    assert isinstance(config, UpConfig) and config.run.num_generations == 5
 
 
-def test_readme_has_the_flag_mapping_table():
-    assert markdown_table() in README.read_text()
+def test_the_docs_have_the_flag_mapping_table():
+    assert markdown_table() in PEERS_GUIDE.read_text()

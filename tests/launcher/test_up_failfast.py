@@ -32,13 +32,13 @@ def bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     not_a_model.mkdir()
     return [
         (["--set", "nonsense=1"], "nonsense"),
-        (["--set", "pipeline.num_generations=1"], "pipeline.num_generations"),
+        (["--set", "run.num_generations=1"], "run.num_generations"),
         (["--set", "trainer.no_such_field=1"], "no_such_field"),
         (["--set", "trainer.batch.groups_per_step=three"], "batch.groups_per_step"),
         (["--set", "rollout.generation.temperature=-1"], "generation.temperature"),
         (["--set", "reward.math.workers=0"], "math.workers"),
         (["--set", "buffer.filters=3"], "filters"),
-        (["-a", "NOPE"], "algorithm.preset"),
+        (["-a", "NOPE"], "run.algorithm"),
         (["--set", "tiny_model.size=3m"], "tiny_model.size"),
         (["--config", str(tmp / "missing.yaml")], "missing.yaml"),
         (["-m", str(tmp / "missing-model")], "model: "),

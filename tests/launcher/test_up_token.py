@@ -61,7 +61,7 @@ def test_up_services_refuse_strangers_and_work_with_the_runs_own_token(tmp_path,
     run_dir = tmp_path / "run"
     config = UpConfig.model_validate({
         "run_dir": run_dir, "final_eval": True,
-        "pipeline": {"num_generations": 4, "max_new_tokens": 8},
+        "run": {"num_generations": 4, "max_new_tokens": 8},
         "buffer": {"prompts": {"epochs": 1}},
         "trainer": {"batch": {"groups_per_step": 4, "micro_batch_samples": 16}, "max_steps": 2,
                     "server": {"grace_seconds": 1.0}},

@@ -18,7 +18,7 @@ from venvs import build_wheel, clean_env
 # The demo made small: no warm start, a short task, two training steps of four groups of four.
 SMALL_RUN = {
     "tiny_model.warm_start_steps": 0, "task.train_size": 32, "task.eval_size": 4, "buffer.prompts.epochs": 1,
-    "pipeline.num_generations": 4, "pipeline.max_new_tokens": 8, "trainer.batch.groups_per_step": 4,
+    "run.num_generations": 4, "run.max_new_tokens": 8, "trainer.batch.groups_per_step": 4,
     "trainer.batch.micro_batch_samples": 16, "rollout.generation.prompts_per_batch": 4,
     "rollout.eval.interval": 1000, "rollout.eval.samples_per_prompt": 2, "final_eval": False, "trainer.max_steps": 2,
 }

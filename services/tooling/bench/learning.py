@@ -74,7 +74,7 @@ from zerobubble.tooling.bench.pipeline import training_figures
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
 from zerobubble.tooling.launcher.commands import DEMO_CONFIG
 from zerobubble.tooling.launcher.config import UpConfig, merge, validated
-from zerobubble.tooling.launcher.run import SERVER, Run, build_run_spec
+from zerobubble.tooling.launcher.run import SERVER, Run, build_run_spec, with_schedule_length
 from zerobubble.tooling.launcher.tether import Tether
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.trainer.optim import OptimConfig
@@ -132,10 +132,7 @@ class Setup:
         self.assets = prepare_assets(self.config, cache)
         if self.assets.eval is None:
             raise ValueError("the demo config names no held-out set: nothing to evaluate the systems on")
-        self.trainer = validated(TrainerServiceConfig, merge(
-            {"model": self.assets.model, "run_dir": scratch / "setup" / "trainer"}, self.config.trainer),
-            "trainer section")
-        self.spec = build_run_spec(self.config, self.trainer, self.assets.model)
+        self.spec = build_run_spec(self.config, self.assets.model)
         # The evaluator every system's weights go through: the first worker's, with the demo's eval settings.
         self.rollout = validated(RolloutServiceConfig, merge({
             "model": {"path": self.assets.model},
@@ -145,6 +142,10 @@ class Setup:
                                             **self.config.prompts_reading("split", "columns", "skip_bad_rows")),
                                    field="buffer.prompts", default_split="train"))
         epochs = self.config.buffer.get("prompts", {}).get("epochs", 1)
+        trainer = merge({"model": self.assets.model, "run_dir": scratch / "setup" / "trainer",
+                         "algorithm": {"preset": self.spec.algorithm}}, self.config.trainer)
+        self.trainer = validated(TrainerServiceConfig, with_schedule_length(trainer, lambda: len(self.rows), epochs),
+                                 "trainer section")
         self.demo_steps = len(self.rows) * epochs // self.trainer.batch.groups_per_step
 
     @property

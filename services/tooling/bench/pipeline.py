@@ -192,7 +192,7 @@ def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
     training = training_figures(config.run_dir / "trainer" / "metrics.jsonl")
     cores = progress.cores_used(*training.pop("training_span"))
     return {
-        "max_staleness": config.pipeline.max_staleness,
+        "max_staleness": config.run.max_staleness,
         "prefetch": config.trainer["batch"]["prefetch"],
         **training,
         "cpu_cores_used": {**cores, "all": round(sum(cores.values()), 3)},
@@ -217,7 +217,7 @@ def bench_pipeline(*, prompts: int = 64, epochs: int = 1, workers: int = 1, max_
     """Both modes of the demo pipeline on the first `prompts` prompts of its task, `epochs` passes; the figures
     as a JSON-able dict. `cache` holds the (warm-started) tiny model between runs, as it does for `zerobubble up`."""
     overrides: dict[str, Any] = {
-        "final_eval": False, "pipeline.max_new_tokens": max_new_tokens, "pipeline.rollout_workers": workers,
+        "final_eval": False, "run.max_new_tokens": max_new_tokens, "pipeline.rollout_workers": workers,
         "buffer.prompts.epochs": epochs,
         # Shutdown is not measured: a short grace keeps open weight-watch streams from holding each run up.
         **{f"{service}.server.grace_seconds": 1.0 for service in ("reward", "buffer", "trainer", "rollout")},
@@ -242,11 +242,11 @@ def bench_pipeline(*, prompts: int = 64, epochs: int = 1, workers: int = 1, max_
         figures["model"] = str(base.model) if base.model else f"tiny-{base.tiny_model.size}"
         figures["warm_start_steps"] = base.tiny_model.warm_start_steps
         figures["groups_per_step"] = base.trainer.get("batch", {}).get("groups_per_step")
-        figures["num_generations"] = base.pipeline.num_generations
+        figures["num_generations"] = base.run.num_generations
         for mode, asynchronous, prefetch in MODES:
             config = load_config(UpConfig, DEMO_CONFIG, {
                 **overrides, "run_dir": str(Path(scratch) / mode),
-                "pipeline.max_staleness": async_staleness if asynchronous else 0, "trainer.batch.prefetch": prefetch,
+                "run.max_staleness": async_staleness if asynchronous else 0, "trainer.batch.prefetch": prefetch,
             })
             figures[mode] = run_mode(config, assets)
     figures["async_vs_on_policy_samples_per_s"] = round(

@@ -1,7 +1,9 @@
 """`zerobubble up`: one run of the whole pipeline on this machine, and the service configs it derives.
 
-The knobs several services must agree on (group size, response length, staleness bound, the dynamic
-sampling range) are set once here; each service section takes any other field of that service's schema.
+Each fact of a run has one home. The facts several services must agree on (the algorithm, group size, response
+and prompt limits, the staleness bound, dynamic sampling, sampling temperature, verifier routing) are the `run`
+section, the run spec the buffer serves; each service section takes any other field of that service's schema and
+is checked against it on load. A key that states a run fact anywhere else is refused, naming its home.
 """
 
 from __future__ import annotations
@@ -10,10 +12,27 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from zerobubble.common.config import ConfigError, Schema, load_config
+from zerobubble.common.config import ConfigError, Schema, describe_errors, load_config
+from zerobubble.common.run_spec import RunSpec
 from zerobubble.tooling.tiny.shapes import SIZES
+
+# Keys that once stated a run fact outside `run`, and the key that is its home now. The services' own configs keep
+# their optional expectations of the spec (checked against the buffer's when they start on separate hosts); in a
+# run of `up` the spec is written once and handed to every service.
+MOVED_KEYS = {
+    "pipeline.num_generations": "run.num_generations",
+    "pipeline.max_new_tokens": "run.max_new_tokens",
+    "pipeline.max_staleness": "run.max_staleness",
+    "trainer.algorithm.preset": "run.algorithm",
+    "trainer.batch.max_new_tokens": "run.max_new_tokens",
+    "rollout.generation.num_generations": "run.num_generations",
+    "rollout.generation.max_new_tokens": "run.max_new_tokens",
+    "rollout.generation.max_prompt_tokens": "run.max_prompt_tokens",
+    "rollout.reward.verifier": "run.verifier",
+    "buffer.run_spec": "run",
+}
 
 
 class TinyModel(Schema):
@@ -50,9 +69,8 @@ class ArithmeticTask(Schema):
 
 
 class PipelineConfig(Schema):
-    num_generations: int = Field(8, gt=1, description="responses per prompt (rollout and buffer)")
-    max_new_tokens: int = Field(16, gt=0, description="response limit (rollout, trainer loss and overlong rules)")
-    max_staleness: int | None = Field(None, ge=0, description="0: strictly on-policy; null: unbounded")
+    """How this machine runs the services (the run's facts are `run`)."""
+
     rollout_workers: int = Field(1, gt=0)
     torch_threads: int | None = Field(1, gt=0, description="torch CPU threads of each process (warm start, "
                                       "trainer, workers); null: torch's default. Several processes share the "
@@ -80,6 +98,8 @@ class UpConfig(Schema):
     eval_data: Path | None = Field(None, description="held-out data, read with the training data's columns; null: "
                                    "the arithmetic task's")
     task: ArithmeticTask = ArithmeticTask()
+    run: RunSpec = Field(RunSpec(), description="the facts every service of the run agrees on (the buffer serves "
+                         "them as the run spec); model.* is read from the model folder unless set")
     pipeline: PipelineConfig = PipelineConfig()
     trainer_processes: int = Field(1, gt=0, description="data-parallel trainer ranks on this machine, under "
                                    "torchrun (gloo on CPU, NCCL on GPUs); rank 0 serves the trainer's RPCs")
@@ -91,11 +111,56 @@ class UpConfig(Schema):
     trainer: dict[str, Any] = Field(default_factory=dict, description="fields of the trainer service config")
     rollout: dict[str, Any] = Field(default_factory=dict, description="fields of every rollout worker's config")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_home_per_fact(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in MOVED_KEYS.items():
+                if _has_key(data, old):
+                    raise ValueError(f"{old} states a fact of the whole run: set {new} instead")
+        return data
+
+    @model_validator(mode="after")
+    def _sections_fit_their_services(self):
+        problems = []
+        for name, (schema, required) in _service_schemas().items():
+            try:
+                schema.model_validate(merge(required, getattr(self, name)))
+            except ValidationError as exc:
+                problems += describe_errors(exc, schema, prefix=f"{name}.")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
     def prompts_reading(self, *keys: str) -> dict[str, Any]:
         """How the training set is read (of buffer.prompts: split, columns, skip_bad_rows), for other readers of
         the user's data."""
         prompts = self.buffer.get("prompts", {})
         return {key: prompts[key] for key in keys if key in prompts}
+
+
+def _has_key(tree: dict[str, Any], dotted: str) -> bool:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _service_schemas() -> dict[str, tuple[type, dict[str, Any]]]:
+    """Each service section's schema, with what `up` fills in itself for the fields the schema requires (checking
+    a section must not need the model or the data made first)."""
+    from zerobubble.buffer.config import BufferServiceConfig
+    from zerobubble.reward.config import RewardServiceConfig
+    from zerobubble.rollout.config import RolloutServiceConfig
+    from zerobubble.trainer.config import TrainerServiceConfig
+
+    made = "(made by up)"
+    # The schedule's length is derived from the data when the run starts (run.py, with_schedule_length).
+    trainer = {"model": made, "strategy": {"optim": {"total_steps": 1_000_000}}}
+    return {"reward": (RewardServiceConfig, {}), "buffer": (BufferServiceConfig, {"prompts": {"path": made}}),
+            "trainer": (TrainerServiceConfig, trainer), "rollout": (RolloutServiceConfig, {"model": {"path": made}})}
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

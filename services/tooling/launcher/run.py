@@ -29,7 +29,7 @@ from zerobubble.tooling.launcher.processes import ServiceFailed, ServiceProcess
 from zerobubble.tooling.launcher.progress import ProgressLine
 from zerobubble.tooling.launcher.supervisor import Supervisor
 from zerobubble.tooling.launcher.tether import RunFolderBusy, Tether
-from zerobubble.trainer.config import TrainerServiceConfig
+from zerobubble.trainer.config import BatchConfig, TrainerServiceConfig
 
 log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1:0"
@@ -75,23 +75,28 @@ class Run:
         config, pipeline = self.config, self.config.pipeline
         reward = self.start("reward", "reward", RewardServiceConfig, merge(
             {"server": SERVER, "math": {"workers": 1}}, config.reward))
+        spec = build_run_spec(config, assets.model)
+        buffer_config = validated(BufferServiceConfig, merge({"prompts": {"path": assets.train}}, config.buffer),
+                                  "buffer section")
         trainer_tree = merge({
             "server": SERVER, "model": assets.model, "run_dir": self.run_dir / "trainer",
             "resume": self.resume, "torch_threads": pipeline.torch_threads,
             # Where the rollout's evaluations land, for the trainer's dashboards (when it has any).
             "tracking": {"eval_summary": self.run_dir / "eval" / "summary.jsonl"},
+            "algorithm": {"preset": spec.algorithm},
         }, config.trainer)
+        trainer_tree = with_schedule_length(trainer_tree, lambda: self.train_rows(assets),
+                                            buffer_config.prompts.epochs)
         trainer_config = validated(TrainerServiceConfig, trainer_tree, "trainer section")
         try:
             trainer_config.batch.groups_per_rank(config.trainer_processes)
         except ConfigError as exc:
             raise ConfigError(f"trainer section: {exc} (trainer_processes)") from None
-        spec = build_run_spec(config, trainer_config, assets.model)
-        # What the trainer and rollout sections state of the run is checked now, not when those services start.
+        # What the rollout section makes of the run is checked now, not when the workers start.
         rollout_config = validated(RolloutServiceConfig, merge({"model": {"path": assets.model}}, config.rollout),
                                    "rollout section")
         for section in (trainer_config, rollout_config):
-            require_agreement(spec, section.expectations(), source="the buffer section's run_spec and pipeline")
+            require_agreement(spec, section.expectations(), source="the run section")
         queued_steps = 1 if spec.max_staleness == 0 else 2
         buffer = self.start("buffer", "buffer", BufferServiceConfig, merge({
             "server": SERVER, "prompts": {"path": assets.train},
@@ -117,6 +122,16 @@ class Run:
             self.start(f"rollout-{i}", "rollout", RolloutServiceConfig, merge(tree, config.rollout))
         return trainer
 
+    def train_rows(self, assets: RunAssets) -> int:
+        """Rows of the training set, read as the buffer reads them (only asked for when the schedule's length must
+        be derived); before the task is made (a dry run), its size."""
+        if not assets.train.exists():
+            return self.config.task.train_size
+        from zerobubble.common.data import DataSpec, load_data
+
+        reading = self.config.prompts_reading("split", "columns", "skip_bad_rows")
+        return len(load_data(DataSpec(path=assets.train, **reading), field="buffer.prompts", default_split="train"))
+
     def heldout_spec(self, path: Path) -> dict:
         """The held-out set is read as the training prompts are (the same column mapping and bad-row rule); a
         folder's split is its own (test by default)."""
@@ -139,18 +154,28 @@ class Run:
             self.tether = None
 
 
-def build_run_spec(config: UpConfig, trainer: TrainerServiceConfig, model: Path) -> RunSpec:
-    """The run's spec, built once: the pipeline's knobs, the trainer's algorithm preset and the model's identity,
-    under whatever the buffer section's run_spec sets itself."""
-    pipeline = config.pipeline
-    derived = {
-        "algorithm": trainer.algorithm.preset, "num_generations": pipeline.num_generations,
-        "max_new_tokens": pipeline.max_new_tokens, "max_staleness": pipeline.max_staleness,
-    }
+def build_run_spec(config: UpConfig, model: Path) -> RunSpec:
+    """The run's spec: the `run` section, with the model's identity read from its folder unless the section pins
+    it."""
+    spec = config.run
     # Checking a run before `up` makes its model (the dry run of preflight) leaves the identity unpinned.
-    if (model / "config.json").is_file():
-        derived["model"] = model_identity(model).model_dump()
-    return validated(RunSpec, merge(derived, config.buffer.get("run_spec", {})), "buffer section: run_spec")
+    if (model / "config.json").is_file() and "model" not in spec.model_fields_set:
+        spec = spec.model_copy(update={"model": model_identity(model)})
+    return spec
+
+
+def with_schedule_length(trainer: dict, train_rows, epochs: int) -> dict:
+    """The trainer's tree with the learning-rate schedule's length derived, unless set: the optimizer steps of
+    the whole run, (train rows x epochs) // groups per step full steps (capped at max_steps) times the updates of
+    a step. `train_rows` is called only when the length must be derived."""
+    optim = trainer.get("strategy", {}).get("optim", {})
+    if optim.get("schedule", "constant") == "constant" or optim.get("total_steps") is not None:
+        return trainer
+    batch = validated(BatchConfig, trainer.get("batch", {}), "trainer section: batch")
+    steps = train_rows() * epochs // batch.groups_per_step
+    if trainer.get("max_steps") is not None:
+        steps = min(steps, trainer["max_steps"])
+    return merge(trainer, {"strategy": {"optim": {"total_steps": max(1, steps) * batch.mini_batches}}})
 
 
 def _interrupt(signum, _frame):
