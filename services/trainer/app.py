@@ -104,9 +104,12 @@ class TrainerHost(ServiceHost):
         self.broadcaster = None
         if config.weight_sync is not None and self.strategy.rank == 0:
             self.broadcaster = WeightBroadcaster(config.weight_sync, self.registry).start()
-        self.loop = TrainingLoop(config, self.strategy, PolicyUpdate(self.strategy, algorithm, settings, reference),
-                                 self.buffer, pad_id=pad_id, metrics=TrainerMetrics(self.registry),
-                                 broadcaster=self.broadcaster)
+        # Published weights are copied while the next step's forward and backward run; its update waits for the
+        # copy before it changes the live weights the copy reads.
+        update = PolicyUpdate(self.strategy, algorithm, settings, reference,
+                              before_step=self.broadcaster.wait_copied if self.broadcaster else lambda: None)
+        self.loop = TrainingLoop(config, self.strategy, update, self.buffer, pad_id=pad_id,
+                                 metrics=TrainerMetrics(self.registry), broadcaster=self.broadcaster)
         self.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
                  TrainerServicer(self.broadcaster, TrainerControl(self.loop)), SERVICE.full_name)
         self._thread = threading.Thread(target=self._train, name="trainer-loop", daemon=True)

@@ -34,6 +34,7 @@ from zerobubble.common.version import next_version, staleness
 from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
 from zerobubble.trainer.collate import ExperienceBatch, collate, unusable
 from zerobubble.trainer.config import TrainerServiceConfig
+from zerobubble.trainer.figures import combine_ranks
 from zerobubble.trainer.lora import adapter_weights
 from zerobubble.trainer.metrics import TrainerMetrics
 from zerobubble.trainer.strategies.base import Strategy
@@ -62,34 +63,6 @@ def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str,
         "samples": float(batch.size),
         "tokens": float(batch.response_mask.sum() + batch.attention_mask[:, : batch.prompt_length].sum()),
     }
-
-
-# How the ranks' figures of one step make the step's: sums of what each rank holds a share of, the maximum of
-# maxima, and the rest averaged over the ranks weighted by their samples (exact for means over samples; the
-# token-weighted loss statistics and reward_std come out as close approximations). grad_norm and lr are the
-# same on every rank.
-SUMMED_FIGURES = frozenset({"loss", "samples", "tokens"})
-SHARED_FIGURES = frozenset({"grad_norm", "lr"})
-
-
-def combine_rank_figures(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """The figures of a data-parallel step from each rank's figures of its share."""
-    if len(per_rank) == 1:
-        return dict(per_rank[0])
-    samples = [rank["samples"] for rank in per_rank]
-    total = sum(samples)
-    out = {}
-    for name, value in per_rank[0].items():
-        values = [rank[name] for rank in per_rank]
-        if name in SUMMED_FIGURES:
-            out[name] = sum(values)
-        elif name in SHARED_FIGURES:
-            out[name] = value
-        elif name.endswith("_max"):
-            out[name] = max(values)
-        else:
-            out[name] = sum(v * n for v, n in zip(values, samples, strict=True)) / total if total else 0.0
-    return out
 
 
 def group_name(group: common_pb2.ExperienceGroup) -> str:
@@ -124,10 +97,6 @@ class TrainingLoop:
         self.weight_bytes = 0
         self.started = time.monotonic()
         self.tracker = Tracker(config, active=strategy.rank == 0)
-        if broadcaster is not None:
-            # Published weights are copied while the next step's forward and backward run; its update waits
-            # for the copy before it changes the live weights the copy reads.
-            update.before_step = broadcaster.wait_copied
 
     @property
     def groups_per_rank(self) -> int:
@@ -299,7 +268,7 @@ class TrainingLoop:
         figures.update(experience_figures(batch, self.policy_version))
         # Rank 0 records the step: every rank's share of it, and which groups it trained.
         shares = self.strategy.gather_objects((figures, [group_name(g) for g in groups]))
-        figures = combine_rank_figures([share for share, _ in shares])
+        figures = combine_ranks([share for share, _ in shares])
         trained = [name for _, names in shares for name in names]
         self.step += 1
         self.policy_version += 1

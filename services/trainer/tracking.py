@@ -17,12 +17,11 @@ from typing import Any
 
 from zerobubble.common.config import ConfigError
 from zerobubble.trainer.config import TrainerServiceConfig, WandbConfig
+from zerobubble.trainer.figures import BY_NAME
 from zerobubble.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
-PIPELINE_FIGURES = ("trainer_idle_fraction", "staleness_mean", "staleness_max", "weight_sync_seconds",
-                    "weight_sync_gbps", "step_seconds", "tokens_per_second")
 # Row keys that are the x axis or a timestamp, not figures.
 NOT_FIGURES = ("step", "time")
 TENSORBOARD_DIR = "tensorboard"
@@ -36,7 +35,7 @@ ROLLOUT_COLUMNS = ["step", "prompt_id", "prompt", "gt_answer", "response", "rewa
 
 def step_scalars(row: dict[str, Any]) -> dict[str, float]:
     """A metrics.jsonl row as dashboard tags."""
-    return {f"{'pipeline' if name in PIPELINE_FIGURES else 'train'}/{name}": float(value)
+    return {f"{BY_NAME[name].dashboard if name in BY_NAME else 'train'}/{name}": float(value)
             for name, value in row.items() if name not in NOT_FIGURES and isinstance(value, int | float)}
 
 

@@ -17,6 +17,7 @@ from zerobubble.trainer.algorithms.losses import LossStats, mini_batch_normalise
 from zerobubble.trainer.algorithms.overlong import overlong_sample_mask, shape_rewards
 from zerobubble.trainer.algorithms.presets import AlgorithmConfig
 from zerobubble.trainer.collate import ExperienceBatch
+from zerobubble.trainer.figures import FIGURES
 from zerobubble.trainer.strategies.base import Strategy
 
 
@@ -50,13 +51,14 @@ def batch_logprobs(model: nn.Module, batch: ExperienceBatch, micro: int) -> torc
 
 class PolicyUpdate:
     def __init__(self, strategy: Strategy, algorithm: AlgorithmConfig, settings: UpdateSettings,
-                 reference: nn.Module | None = None):
+                 reference: nn.Module | None = None, before_step: Callable[[], None] = lambda: None):
         self.strategy = strategy
         self.algorithm = algorithm
         self.settings = settings
         self.reference = reference
-        # Called before every optimizer step: whatever still reads the weights of before it finishes first.
-        self.before_step: Callable[[], None] = lambda: None
+        # Called before every optimizer step: whatever still reads the weights of before it finishes first (the
+        # broadcaster's copy of the last published version).
+        self.before_step = before_step
 
     def __call__(self, batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
         """One step on `batch` with the weights of `policy_version` (the version samples say they came from)."""
@@ -116,12 +118,9 @@ class PolicyUpdate:
         return int(self.strategy.all_reduce_sum(stale.to(self.strategy.device))) == 0
 
 
-# LossStats field -> the step figure's name in metrics.jsonl.
-MEAN_FIGURES = {"clip_fraction": "clip_fraction", "clip_low_fraction": "clip_low_fraction",
-                "clip_high_fraction": "clip_high_fraction", "ratio_mean": "ratio_mean", "kl_mean": "kl",
-                "entropy_mean": "entropy", "behaviour_weight_mean": "behaviour_weight_mean",
-                "capped_fraction": "behaviour_weight_capped_fraction"}
-MAX_FIGURES = {"behaviour_weight_max": "behaviour_weight_max"}
+# LossStats field -> the step figure's name in metrics.jsonl, by how micro-batches combine it.
+MEAN_FIGURES = {f.loss_stat: f.name for f in FIGURES if f.loss_stat and f.ranks != "max"}
+MAX_FIGURES = {f.loss_stat: f.name for f in FIGURES if f.loss_stat and f.ranks == "max"}
 
 
 @dataclass

@@ -23,7 +23,8 @@ from zerobubble.common.config import ConfigError, load_config
 from zerobubble.tooling.launcher.data_parallel import agent_command
 from zerobubble.trainer.app import build
 from zerobubble.trainer.config import BatchConfig, TrainerServiceConfig
-from zerobubble.trainer.loop import combine_rank_figures, group_name
+from zerobubble.trainer.figures import combine_ranks
+from zerobubble.trainer.loop import group_name
 from zerobubble.v1 import common_pb2
 
 GENERATIONS = 4
@@ -246,6 +247,6 @@ def test_rank_figures_combine_into_the_steps():
               "response_length_max": 7.0},
              {"samples": 12.0, "tokens": 60.0, "loss": 0.5, "grad_norm": 2.0, "reward_mean": 0.0,
               "response_length_max": 9.0}]
-    step = combine_rank_figures(ranks)
+    step = combine_ranks(ranks)
     assert step == {"samples": 16.0, "tokens": 100.0, "loss": 0.75, "grad_norm": 2.0, "reward_mean": 0.25,
                     "response_length_max": 9.0}

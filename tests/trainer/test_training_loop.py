@@ -16,6 +16,7 @@ from zerobubble.common.config import load_config
 from zerobubble.trainer.app import build
 from zerobubble.trainer.collate import unusable
 from zerobubble.trainer.config import TrainerServiceConfig
+from zerobubble.trainer.figures import BY_NAME
 from zerobubble.v1 import common_pb2
 
 GENERATIONS = 4
@@ -92,6 +93,8 @@ def test_trainer_steps_checkpoints_commits_and_resumes_without_losing_a_group(as
             assert row["answer_accuracy"] == pytest.approx(0.5)
             assert row["staleness_mean"] == row["step"] - 1
             assert np.isfinite(row["loss"]) and row["grad_norm"] > 0
+            # Every figure the step wrote is a row of the one table (services/trainer/figures.py).
+            assert {key for key in row if key not in ("step", "policy_version", "time", "groups")} <= set(BY_NAME)
         assert buffer.core.stats()["policy_version"] == 3
         checkpoint = run_dir / "checkpoints" / "step-000002"
         assert AutoModelForCausalLM.from_pretrained(checkpoint) is not None
