@@ -391,7 +391,7 @@ class Buffer:
         if not 0 <= wait_seconds <= self.config.pull.max_wait_seconds:
             raise InvalidInput(f"expected 0 to {self.config.pull.max_wait_seconds}, got {wait_seconds}",
                                field="wait_seconds")
-        return PullStream(self, max_groups, time.monotonic() + wait_seconds)
+        return PullStream(self, max_groups, self.clock() + wait_seconds)
 
     def pull(self, rank: int, world_size: int, max_groups: int, wait_seconds: float) -> Iterator[Pulled]:
         """open_pull's groups, waiting in this thread."""
@@ -409,7 +409,7 @@ class Buffer:
         finally:
             stream.close()
 
-    def _stream_ended(self, sent: list[int]) -> None:
+    def stream_ended(self, sent: list[int]) -> None:
         """The receiver has what it will get of this stream: what it does not acknowledge soon was lost."""
         with self._cond:
             due = self.clock() + self.config.pull.ack_timeout_seconds
@@ -417,13 +417,13 @@ class Buffer:
                 if delivery in self._ack_deadlines:
                     self._ack_deadlines[delivery] = min(self._ack_deadlines[delivery], due)
 
-    def _next_ack_due(self) -> float:
+    def next_ack_due(self) -> float:
         return min(self._ack_deadlines.values(), default=float("inf"))
 
     def _return_overdue(self) -> None:
         """Called under the lock: unacknowledged deliveries whose time ran out go back to the queue."""
         now = self.clock()
-        if self._next_ack_due() > now:
+        if self.next_ack_due() > now:
             return
         overdue = sorted(d for d, due in self._ack_deadlines.items() if due <= now)
         self._log(Kind.RETURNED, {"deliveries": overdue})
@@ -431,8 +431,12 @@ class Buffer:
                  len(overdue))
         self._cond.notify_all()
 
+    def take_for(self, stream: PullStream) -> Pulled | None:
+        """The stream's next group, its end-of-data mark, or None for now."""
+        with self._cond:
+            return self._take(stream)
+
     def _take(self, stream: PullStream) -> Pulled | None:
-        """Called under the lock: the stream's next group, its end-of-data mark, or None for now."""
         self._return_overdue()
         group = self.store.peek()
         while group is not None and is_stale(group.version, self.policy_version, self.config.run_spec.max_staleness):
@@ -443,15 +447,14 @@ class Buffer:
             delivery = self.store.next_delivery
             self._log(Kind.DELIVERED, {"gid": group.gid, "delivery": delivery, "unacked": True})
             # Until the stream ends (at the latest when its wait does) and its receiver had time to answer.
-            self._ack_deadlines[delivery] = (self.clock() + max(0.0, stream.deadline - time.monotonic())
-                                             + self.config.pull.ack_timeout_seconds)
+            self._ack_deadlines[delivery] = max(self.clock(), stream.deadline) + self.config.pull.ack_timeout_seconds
             self._cond.notify_all()
             return Pulled(payload, delivery)
-        if self._finished_for(stream):
+        if self.finished_for(stream):
             return Pulled(None)
         return None
 
-    def _finished_for(self, stream: PullStream) -> bool:
+    def finished_for(self, stream: PullStream) -> bool:
         # Deliveries still unacknowledged elsewhere may yet come back to the queue; those of this very stream
         # reach its receiver before the mark does.
         return self.leases.end_of_data and not self.store.queue and self.store.unacked.issubset(stream.sent)
@@ -527,13 +530,12 @@ class PullStream:
     def __init__(self, buffer: Buffer, wanted: int, deadline: float):
         self.buffer = buffer
         self.wanted = wanted
-        self.deadline = deadline  # by time.monotonic
+        self.deadline = deadline  # by the buffer's clock, as every deadline of the buffer is
         self.sent: list[int] = []
 
     def take(self) -> Pulled | None:
         """The next group or the end-of-data mark; None when there is neither for now."""
-        with self.buffer._cond:
-            item = self.buffer._take(self)
+        item = self.buffer.take_for(self)
         if item is not None and item.payload is not None:
             self.sent.append(item.delivery)
             self.wanted -= 1
@@ -553,15 +555,15 @@ class PullStream:
     def ready(self) -> bool:
         """Whether take() may give something now; cheap, for a waiter's predicate (the lock held)."""
         buffer = self.buffer
-        return bool(buffer.store.queue) or buffer._finished_for(self) or buffer._next_ack_due() <= buffer.clock()
+        return bool(buffer.store.queue) or buffer.finished_for(self) or buffer.next_ack_due() <= buffer.clock()
 
     def may_wait(self) -> bool:
-        return time.monotonic() < self.deadline
+        return self.buffer.clock() < self.deadline
 
     def wait_seconds(self) -> float:
         """How long to wait before looking again: until the wait is over or a delivery falls due."""
-        due = self.buffer._next_ack_due() - self.buffer.clock()
-        return max(0.0, min(self.deadline - time.monotonic(), due))
+        now = self.buffer.clock()
+        return max(0.0, min(self.deadline, self.buffer.next_ack_due()) - now)
 
     def close(self) -> None:
-        self.buffer._stream_ended(self.sent)
+        self.buffer.stream_ended(self.sent)

@@ -1,7 +1,8 @@
 """The policy version and staleness, defined once for the buffer, the rollout workers and the trainer.
 
-`trained_version` is the number of optimizer steps taken: the version of the trainer's weights, of an engine
-once it loaded them, and of a trajectory sampled with them. The buffer counts in `consuming_version`: the
+`trained_version` is the number of training steps taken (one a step, however many optimizer updates its
+mini-batches make): the version of the trainer's weights, of an engine once it loaded them, and of a trajectory
+sampled with them. The buffer counts in `consuming_version`: the
 trained_version of the weights that will train a group pushed now. It is the trainer's trained_version until
 the trainer pulls a step, then `next_version` of it (the step being trained makes those weights), so groups
 pushed during that step are measured against the weights that will actually consume them.
@@ -16,7 +17,7 @@ def next_version(trained_version: int) -> int:
 
 
 def staleness(group_version: int, consuming_version: int) -> int:
-    """How many optimizer steps lie between the weights that sampled a group and those that train it."""
+    """How many training steps lie between the weights that sampled a group and those that train it."""
     return consuming_version - group_version
 
 

@@ -15,6 +15,7 @@ from zerobubble.rollout.engine_factory import make_engine
 from zerobubble.rollout.evaluation import Evaluator
 from zerobubble.rollout.generate import GenerateCalls
 from zerobubble.rollout.metrics import RolloutMetrics
+from zerobubble.rollout.prompting import RoutedPrompts
 from zerobubble.rollout.servicer import RolloutServicer
 from zerobubble.rollout.worker import RolloutWorker
 from zerobubble.v1 import rollout_pb2_grpc
@@ -56,14 +57,16 @@ class RolloutHost(ServiceHost):
 
             self.receiver = WeightReceiver(TrainerClient(config.trainer), config.worker_id, device=device,
                                            registry=self.registry, max_backoff_s=config.backoff_max_seconds)
-        self.worker = RolloutWorker(config, self.spec, self.engine, self.buffer, self.reward, metrics=metrics,
-                                    receiver=self.receiver)
+        # The worker and its evaluator build prompts alike: the run spec's verifier routing and system prompts.
+        prompts = RoutedPrompts(self.engine.tokenizer, self.spec, config.reward.system_prompt,
+                                self.spec.max_prompt_tokens)
+        evaluator = None
         if config.eval.datasets:
-            self.worker.evaluator = Evaluator(
-                config.eval, prompts=self.worker.routed, reward=self.reward,
-                metrics=metrics, max_new_tokens=self.spec.max_new_tokens,
-                stop=tuple(config.generation.stop), seed=config.generation.seed,
-            )
+            evaluator = Evaluator(config.eval, prompts=prompts, reward=self.reward, metrics=metrics,
+                                  max_new_tokens=self.spec.max_new_tokens, stop=tuple(config.generation.stop),
+                                  seed=config.generation.seed)
+        self.worker = RolloutWorker(config, self.spec, self.engine, self.buffer, self.reward, prompts=prompts,
+                                    metrics=metrics, receiver=self.receiver, evaluator=evaluator)
         self.generate_calls = GenerateCalls(self.worker, config.generate_limits(self.spec))
         self.add(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
                  RolloutServicer(self.worker, self.generate_calls, model.engine), "zerobubble.v1.RolloutService")

@@ -42,7 +42,8 @@ class GeneratedBatch:
 
 class RolloutWorker:
     def __init__(self, config: RolloutServiceConfig, spec: RunSpec, engine: Engine, buffer: BufferClient,
-                 reward: RewardClient, *, metrics: RolloutMetrics, receiver=None, evaluator=None):
+                 reward: RewardClient, *, prompts: RoutedPrompts, metrics: RolloutMetrics, receiver=None,
+                 evaluator=None):
         self.config = config
         self.spec = spec
         self.engine = engine
@@ -51,8 +52,8 @@ class RolloutWorker:
         self.metrics = metrics
         self.receiver = receiver
         self.evaluator = evaluator
-        self.routed = RoutedPrompts(engine.tokenizer, spec, config.reward.system_prompt, spec.max_prompt_tokens)
-        self.prompts = self.routed.default
+        self.routed = prompts
+        self.prompts = prompts.default
         # One engine, shared with the Generate RPC: whoever holds this lock is generating or loading weights.
         self.engine_lock = threading.Lock()
         self.stopping = threading.Event()

@@ -81,7 +81,6 @@ class TrainingLoop:
         self.metrics = metrics
         self.broadcaster = broadcaster
         self.step = 0
-        self.policy_version = 0
         self.delivered = 0        # the newest buffer delivery this rank has trained on
         # Ids at or above this would index past the embedding (an IndexError mid-step).
         self.vocab_size = AutoConfig.from_pretrained(config.model).get_text_config().vocab_size
@@ -99,6 +98,12 @@ class TrainingLoop:
         self.tracker = Tracker(config, active=strategy.rank == 0)
 
     @property
+    def policy_version(self) -> int:
+        """The version of the weights: one per training step, however many optimizer updates its mini-batches
+        make (services/common/version.py), so the step count is the version."""
+        return self.step
+
+    @property
     def groups_per_rank(self) -> int:
         return self.config.batch.groups_per_rank(self.strategy.world_size)
 
@@ -112,7 +117,7 @@ class TrainingLoop:
                 # A trainer that died before its first checkpoint took deliveries with it: they come again.
                 self.buffer.commit(0, resume=True)
             return
-        self.step, self.policy_version = state.step, state.policy_version
+        self.step = state.step
         self.delivered = max(0, state.buffer_delivery)
         self.last_checkpoint, self.last_checkpoint_step = str(self.checkpoints.latest()), state.step
         if self.strategy.rank == 0:
@@ -271,7 +276,6 @@ class TrainingLoop:
         figures = combine_ranks([share for share, _ in shares])
         trained = [name for _, names in shares for name in names]
         self.step += 1
-        self.policy_version += 1
         published = time.monotonic()
         if self.config.weight_sync is not None:
             self._publish()

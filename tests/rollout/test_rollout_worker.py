@@ -19,9 +19,7 @@ from zerobubble.common.run_spec import RunSpecMismatch, model_identity
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.launcher.commands import register, up_config
-from zerobubble.tooling.launcher.config import merge, validated
 from zerobubble.tooling.launcher.run import build_run_spec
-from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
 
 GENERATIONS = 4
@@ -142,8 +140,7 @@ def test_the_grpo_preset_anneals_the_workers_temperature(assets, tmp_path):
     0.9 and the second at 0.9."""
     model, train, _ = assets
     up = up_config(parse_up("-a", "GRPO", "-g", str(GENERATIONS), "-mnt", "8"))
-    trainer = validated(TrainerServiceConfig, merge({"model": str(model)}, up.trainer), "trainer section")
-    spec = build_run_spec(up, trainer, model)
+    spec = build_run_spec(up, model)
     assert spec.sampling.temperature_annealing
     reward = start_reward()
     buffer = start_buffer(train, tmp_path / "wal", **{"run_spec": spec.model_dump(mode="json"), "prompts.epochs": 2})
