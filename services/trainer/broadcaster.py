@@ -32,6 +32,7 @@ from zerobubble.common.conditions import AwaitableCondition
 from zerobubble.common.config import is_loopback
 from zerobubble.common.errors import InvalidInput, NotFound, Overloaded
 from zerobubble.common.names import check_name
+from zerobubble.common.sync_protocol import Copier, Machine, Membership, Sender
 from zerobubble.common.weight_sync import (
     ABORT,
     ACK_OK,
@@ -88,7 +89,11 @@ class _Member:
     device: str
     outbox: deque = field(default_factory=deque)
     watch: int = 0      # number of the current watch stream; an older one ends
-    gone: bool = False
+    state: Machine = field(default_factory=lambda: Machine(Membership.JOINED))
+
+    @property
+    def gone(self) -> bool:
+        return self.state.state is Membership.GONE
 
 
 @dataclass
@@ -169,6 +174,9 @@ class WeightBroadcaster:
         self._copied.set()
         self._copy_error: BaseException | None = None
         self._copier = threading.Thread(target=self._copy_run, name="weight-copy", daemon=True)
+        # The protocol's trainer-side parts (services/common/sync_protocol.py); each member has its own.
+        self.copier_state = Machine(Copier.WAITING)
+        self.sender_state = Machine(Sender.IDLE)
 
     def start(self) -> WeightBroadcaster:
         timeout = timedelta(seconds=self.config.member_timeout_s)
@@ -215,7 +223,7 @@ class WeightBroadcaster:
             old = self._members.pop(worker_id, None)
             if old is not None:
                 # The same id from a fresh process: the group it was in is no use to it.
-                old.gone = True
+                old.state.to(Membership.GONE)
                 self._regroup_needed = True
             self._members[worker_id] = _Member(worker_id, device)
             awaited = self._awaited.get(worker_id) if old is not None else None
@@ -237,6 +245,7 @@ class WeightBroadcaster:
             if member is None:
                 raise NotFound(f"{worker_id!r} is not a member: call JoinWeightSync first", field="worker_id")
             member.watch += 1
+            member.state.to(Membership.WATCHING)
             self._cond.notify_all()
             return Watch(self, member, member.watch)
 
@@ -247,7 +256,7 @@ class WeightBroadcaster:
             if current is None or (member is not None and current is not member):
                 return False
             del self._members[worker_id]
-            current.gone = True
+            current.state.to(Membership.GONE)
             awaited = self._awaited.get(worker_id)
             self._cond.notify_all()
         if awaited is not None:
@@ -299,11 +308,13 @@ class WeightBroadcaster:
                     self._copied.set()
                     return
                 (named, version), self._copy_job = self._copy_job, None
+            self.copier_state.to(Copier.COPYING)
             try:
                 self._stage(named, version)
             except BaseException as exc:
                 self._copy_error = exc
             finally:
+                self.copier_state.to(Copier.WAITING)
                 self._copied.set()
 
     def _stage(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
@@ -334,7 +345,7 @@ class WeightBroadcaster:
         with self._cond:
             self.closed = True
             for member in self._members.values():
-                member.gone = True
+                member.state.to(Membership.GONE)
             awaited = list(self._awaited.values())
             self._cond.notify_all()
         self._stop_awaiting(awaited)
@@ -367,6 +378,7 @@ class WeightBroadcaster:
             except Exception:
                 log.exception("weight sync of version %d failed", self._sending.version)
                 self._teardown()
+            self.sender_state.to(Sender.IDLE)
             with self._cond:
                 self._sending_version = -1
             self._forget_spent_keys()
@@ -391,6 +403,7 @@ class WeightBroadcaster:
             times = {"started": time.time()}
             if rejoined or ids != self._group_ids or self._group is None:
                 times["announced"] = time.time()
+                self.sender_state.to(Sender.FORMING)
                 formed, dropped = self._regroup(snapshot, ids)
                 if not formed:
                     failures += 0 if dropped else 1
@@ -398,9 +411,11 @@ class WeightBroadcaster:
             else:
                 times["announced"] = time.time()
                 self._announce(snapshot, regroup=False)
+            self.sender_state.to(Sender.BROADCASTING)
             try:
                 wait_broadcast(start_broadcast(self._group, snapshot.buffers), cuda_device=self._cuda_device)
                 times["sent"] = time.time()
+                self.sender_state.to(Sender.AWAITING_ACKS)
             except RuntimeError as exc:
                 log.warning("broadcast of version %d failed (%s); re-forming the group", snapshot.version, exc)
                 self._teardown()
