@@ -115,8 +115,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(Sender.BROADCASTING, Sender.AWAITING_ACKS, "the buckets are sent",
                f"{_SYNC}::test_members_form_a_group_receive_versions_and_keep_it_for_the_next"),
     Transition(Sender.BROADCASTING, Sender.FORMING, "the broadcast failed: the epoch is written broken and re-formed",
-               "tests/trainer/test_broadcaster_service.py::"
-               "test_killed_and_stalled_workers_are_dropped_and_the_survivor_goes_on"),
+               f"{_SYNC}::test_a_broadcast_that_fails_on_the_trainer_is_given_up_and_sent_to_a_new_epoch"),
     Transition(Sender.AWAITING_ACKS, Sender.IDLE, "every member wrote done ok: the version is synced",
                f"{_SYNC}::test_members_form_a_group_receive_versions_and_keep_it_for_the_next"),
     Transition(Sender.AWAITING_ACKS, Sender.FORMING, "a member wrote failed, left, or was silent for "

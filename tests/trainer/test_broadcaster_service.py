@@ -112,8 +112,9 @@ def test_killed_and_stalled_workers_are_dropped_and_the_survivor_goes_on(workers
         expected = digests(model.named_parameters())
         assert survivor.applied(2)["digests"] == expected and stalled.applied(2)["digests"] == expected
         assert set(trainer.broadcaster.members) == {"survivor", "stalled"}
-        # The dead member broke the broadcast itself: the epoch was given up and re-formed without it.
-        assert trainer.broadcaster.sender_state.took(Sender.BROADCASTING, Sender.FORMING)
+        # The dead member broke the broadcast, or left it unacknowledged: the epoch was given up and re-formed.
+        sender = trainer.broadcaster.sender_state
+        assert sender.took(Sender.BROADCASTING, Sender.FORMING) or sender.took(Sender.AWAITING_ACKS, Sender.FORMING)
 
         stalled.signal(signal.SIGSTOP)
         _perturb(model, 1.0)

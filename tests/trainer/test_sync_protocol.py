@@ -90,7 +90,7 @@ def test_members_form_a_group_receive_versions_and_keep_it_for_the_next():
                          (Sender.BROADCASTING, Sender.AWAITING_ACKS), (Sender.AWAITING_ACKS, Sender.IDLE),
                          (Sender.IDLE, Sender.BROADCASTING)]:
                 assert sender.took(*move), (move, list(sender.history))
-            copier = trainer.broadcaster.copier_state
+            copier = trainer.broadcaster.copier.state
             assert copier.took(Copier.WAITING, Copier.COPYING) and copier.took(Copier.COPYING, Copier.WAITING)
             assert all(trainer.broadcaster._members[w].state.took(Membership.JOINED, Membership.WATCHING)
                        for w in ("w1", "w2"))
@@ -159,5 +159,31 @@ def test_a_receive_that_breaks_is_acknowledged_as_failed_and_the_version_comes_a
             assert broke and member.latest_version == 1
             assert member.state.took(Member.RECEIVING, Member.WATCHING)
             assert trainer.broadcaster.sender_state.took(Sender.AWAITING_ACKS, Sender.FORMING)
+        finally:
+            member.close()
+
+
+def test_a_broadcast_that_fails_on_the_trainer_is_given_up_and_sent_to_a_new_epoch(monkeypatch):
+    from zerobubble.trainer import broadcaster
+
+    real_wait = broadcaster.wait_broadcast
+    failed = []
+
+    def fails_once(works, **options):
+        real_wait(works, **options)
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(broadcaster, "wait_broadcast", fails_once)
+    with trainer_service(bucket_mb=0.05) as trainer:
+        (member,) = receivers(trainer.address, "w1")
+        try:
+            trainer.wait_members({"w1"})
+            trainer.broadcaster.publish(tiny_model(seed=7).named_parameters(), 1)
+            assert trainer.broadcaster.wait_synced(1, timeout=60)
+            assert failed and trainer.broadcaster.sender_state.took(Sender.BROADCASTING, Sender.FORMING)
+            wait_until(lambda: member.latest_version == 1, what="version 1 at the new epoch")
+            assert sum(1 for moved in member.state.history if moved[1] is Member.ARRIVED) == 2
         finally:
             member.close()
