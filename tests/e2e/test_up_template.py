@@ -5,15 +5,13 @@ services and it trains."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from e2e_helpers import metrics_rows, service_env
+from e2e_helpers import metrics_rows, run_up, service_env
 from stack import tiny_assets
 from transformers import AutoModelForCausalLM
 
@@ -33,16 +31,8 @@ def test_the_qwen_gsm8k_template_trains_with_a_tiny_stand_in(tmp_path):
             "trainer.batch.groups_per_step": 4, "trainer.strategy.optim.warmup_steps": 1,
             "rollout.generation.prompts_per_batch": 4, "rollout.eval.samples_per_prompt": 2, "final_eval": False,
             "pipeline.torch_threads": 1}
-    command = [sys.executable, "-m", "zerobubble", "up", "--config", "qwen2.5-0.5b-instruct-gsm8k",
-               *(f"--set={key}={value}" for key, value in sets.items())]
-    process = subprocess.Popen(command, cwd=tmp_path, env=service_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=600)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 0, output[-4000:]
+    output = run_up(["--config", "qwen2.5-0.5b-instruct-gsm8k", *(f"--set={k}={v}" for k, v in sets.items())],
+                    cwd=tmp_path)
     assert "qwen2.5-0.5b-instruct-gsm8k.yaml" in output, "the effective run names the template"
     assert [row["step"] for row in metrics_rows(run_dir)] == list(range(1, STEPS + 1))
     spec = load_config(BufferServiceConfig, run_dir / "configs" / "buffer.yaml").run_spec
