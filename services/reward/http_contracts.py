@@ -27,7 +27,7 @@ from google.protobuf import json_format
 
 from zerobubble.common.errors import InvalidInput, ServiceError
 from zerobubble.reward.config import RewardValues
-from zerobubble.reward.scorer import Score
+from zerobubble.reward.scorer import Score, check_batch_size
 from zerobubble.reward.servicer import to_item, to_result
 from zerobubble.reward.verifiers import ScoreItem
 from zerobubble.v1 import reward_pb2
@@ -70,11 +70,22 @@ def _fields(names: dict[str, str], whole: str | None) -> Callable[[str], str]:
     return rename
 
 
-def json_body(raw: bytes) -> Any:
+def json_body(raw: bytes, max_digits: int) -> Any:
+    """The body as JSON; a number of more than `max_digits` digits (whose conversion costs time quadratic in
+    its length) or nesting past the parser's recursion limit is bad input, not a crash."""
+
+    def integer(text: str) -> int:
+        if len(text.lstrip("-")) > max_digits:
+            raise InvalidInput(f"a number of {len(text)} digits; at most {max_digits} "
+                               "(http.max_json_digits)", field="body")
+        return int(text)
+
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_int=integer)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"not JSON: {exc}", field="body") from None
+    except RecursionError:
+        raise InvalidInput("nested too deep", field="body") from None
 
 
 def _object(body: Any) -> dict:
@@ -131,10 +142,12 @@ def _parse_error_field(message: str) -> str:
     return ".".join(_PARSE_FIELD.findall(message)) or "body"
 
 
-def score_request(body: Any) -> tuple[Parsed, bool]:
+def score_request(body: Any, max_items: int) -> tuple[Parsed, bool]:
     """(what to score, whether it is a batch) from the JSON form of ScoreRequest or ScoreBatchRequest."""
     body = _object(body)
     batch = "items" in body
+    if batch and isinstance(body["items"], list):
+        check_batch_size(len(body["items"]), max_items)
     message = reward_pb2.ScoreBatchRequest() if batch else reward_pb2.ScoreRequest()
     try:
         json_format.ParseDict(body, message)
@@ -160,8 +173,9 @@ def _response_of(query: str, prompt: str) -> str:
     return query[at + len(prompt):] if at >= 0 else query
 
 
-def openrlhf_request(body: Any, verifier: str, ground_truth: str) -> Parsed:
+def openrlhf_request(body: Any, verifier: str, ground_truth: str, max_items: int) -> Parsed:
     body = _object(body)
+    check_batch_size(len(_strings(body, "query")), max_items, field="query")
     queries = [_text(q, f"query[{i}]") for i, q in enumerate(_strings(body, "query"))]
     count = len(queries)
     prompts = _strings(body, "prompts") if body.get("prompts") is not None else [""] * count
