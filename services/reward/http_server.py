@@ -179,8 +179,9 @@ class RewardHttp:
         except errors.ServiceError as exc:
             raise contracts.renamed(exc, parsed.rename) from None
 
-    async def _parsed(self, request: web.Request, contract: Callable[[Any], Any]) -> Any:
-        """What `contract` makes of the body, read within its size and time bounds and parsed off the loop."""
+    async def _parsed(self, request: web.Request, contract: Callable[[Any], Any], batch: str | None = None) -> Any:
+        """What `contract` makes of the body, read within its size and time bounds and parsed off the loop;
+        `batch` names the list of items, whose count is checked while it is parsed."""
         limit = self.config.server.max_message_bytes
         if request.content_length is not None and request.content_length > limit:
             raise errors.TooLarge(f"Content-Length {request.content_length} exceeds server.max_message_bytes="
@@ -191,8 +192,9 @@ class RewardHttp:
         except TimeoutError:
             raise _BodyTimeout from None
         digits = self.config.http.max_json_digits
+        bounded = None if batch is None else {batch: self.config.limits.max_batch_items}
         return await asyncio.get_running_loop().run_in_executor(
-            self._parsing, lambda: contract(contracts.json_body(raw, digits)))
+            self._parsing, lambda: contract(contracts.json_body(raw, digits, bounded)))
 
     def _verifier(self, request: web.Request) -> tuple[str, str]:
         """The verifier the URL names (?verifier=), else http.verifier, and the ground truth it reads."""
@@ -204,13 +206,12 @@ class RewardHttp:
         return web.json_response({"status": "serving"})
 
     async def _v1_score(self, request: web.Request) -> web.Response:
-        max_items = self.config.limits.max_batch_items
-        parsed, batch = await self._parsed(request, lambda body: contracts.score_request(body, max_items))
+        parsed, batch = await self._parsed(request, contracts.score_request, batch="items")
         return web.json_response(contracts.score_reply(await self._score(parsed), batch))
 
     async def _get_reward(self, request: web.Request) -> web.Response:
-        verifier, max_items = self._verifier(request), self.config.limits.max_batch_items
-        parsed = await self._parsed(request, lambda body: contracts.openrlhf_request(body, *verifier, max_items))
+        verifier = self._verifier(request)
+        parsed = await self._parsed(request, lambda body: contracts.openrlhf_request(body, *verifier), batch="query")
         return web.json_response(contracts.openrlhf_reply(await self._score(parsed), self.config.rewards))
 
     async def _reward(self, request: web.Request) -> web.Response:
