@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
@@ -119,14 +120,34 @@ def _worker_main(conn, specs: Sequence[CustomSpec], max_extracted_bytes: int) ->
         conn.send_bytes(json.dumps(reply).encode())
 
 
-def _serve(fd: int) -> None:
+# How often a worker looks whether the service is still its parent.
+_ORPHAN_CHECK_SECONDS = 1.0
+
+
+def _die_with_the_service(service_pid: int) -> None:
+    """When the service dies, even by SIGKILL (which runs none of its cleanup), the worker is re-parented: it
+    then kills its whole session. (PR_SET_PDEATHSIG would fire when the service's thread that started the
+    worker ends, not the service.)"""
+
+    def watch() -> None:
+        while os.getppid() == service_pid:
+            time.sleep(_ORPHAN_CHECK_SECONDS)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
+def _serve(fd: int, service_pid: int) -> None:
     """A worker process: take its settings from the pool, bound itself, then serve."""
+    _die_with_the_service(service_pid)
     conn = Connection(fd)
     specs, max_extracted_bytes, memory_bytes, max_open_files = json.loads(conn.recv_bytes())
     # Hard limits too, before any verifier is imported: its code cannot raise them again.
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
     _worker_main(conn, [CustomSpec(**spec) for spec in specs], max_extracted_bytes)
+    # The service closed the connection (or died): nothing the verifiers started may outlive the worker.
+    os.killpg(0, signal.SIGKILL)
 
 
 class _Worker:
@@ -137,7 +158,7 @@ class _Worker:
         ours, theirs = socket.socketpair()
         with theirs:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "zerobubble.reward.math_pool", str(theirs.fileno())],
+                [sys.executable, "-m", "zerobubble.reward.math_pool", str(theirs.fileno()), str(os.getpid())],
                 env=limits.environment(), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                 start_new_session=True)
         self._conn = Connection(ours.detach())
@@ -293,4 +314,4 @@ class VerifierPool:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]))

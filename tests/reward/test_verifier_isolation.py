@@ -5,15 +5,21 @@ replaced after math.max_consecutive_errors failures in a row."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import textwrap
+import threading
 import time
 
+import grpc
 import pytest
+from http_helpers import serve_reward
 from reward_helpers import start_reward
 
-from zerobubble.common.clients.reward import RewardClient
+from zerobubble.common.clients.reward import RewardClient, score_request
 from zerobubble.common.config import ClientConfig, ConfigError, load_config
 from zerobubble.reward.config import RewardServiceConfig
 
@@ -155,3 +161,33 @@ def test_worker_spoiled_by_its_verifier_is_replaced_after_consecutive_errors(cli
 def test_the_tokens_variable_cannot_be_passed_on():
     with pytest.raises(ConfigError, match=r"math\.env.*ZB_TOKEN"):
         load_config(RewardServiceConfig, overrides={"server.auth_token_env": "ZB_TOKEN", "math.env": ["ZB_TOKEN"]})
+
+
+def _answer_or_error(client, request) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        client.unary("Score", request)
+
+
+def test_workers_and_their_children_die_when_the_service_is_killed(folder, tmp_path):
+    """One worker idle after its verifier started a child, one inside a verifier that hangs."""
+    idle_pid, busy_pid = tmp_path / "idle", tmp_path / "busy"
+    customs = [{"name": name, "ground_truth": "none", "function": f"isolated:{name}", "path": str(folder)}
+               for name in ("starts_and_returns", "starts_and_hangs")]
+    with serve_reward(**{"custom_verifiers": json.dumps(customs), "math.workers": 2}) as served:
+        with RewardClient(ClientConfig(address=served.address, timeout_seconds=60, retry_seconds=0)) as client:
+            assert client.score("starts_and_returns", "x", metadata={"pid_file": str(idle_pid)}).reward == 1.0
+            hanging = threading.Thread(target=_answer_or_error, daemon=True, args=(
+                client, score_request("starts_and_hangs", "x", metadata={"pid_file": str(busy_pid)})))
+            hanging.start()
+            deadline = time.monotonic() + 30
+            while not busy_pid.exists() or not busy_pid.read_text():
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            workers = subprocess.run(["pgrep", "-P", str(served.pid)], capture_output=True, text=True).stdout.split()
+            sleepers = [int(idle_pid.read_text()), int(busy_pid.read_text())]
+            assert len(workers) == 2 and all(map(_alive, sleepers))
+            # SIGKILL: none of the service's own cleanup runs.
+            os.kill(served.pid, signal.SIGKILL)
+            assert all(_gone_within(pid, 10) for pid in sleepers)
+            assert all(_gone_within(int(pid), 10) for pid in workers)
+            hanging.join(30)
