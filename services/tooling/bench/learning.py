@@ -71,8 +71,8 @@ from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.bench.learning_trl import TRLSettings
 from zerobubble.tooling.bench.pipeline import training_figures
+from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
-from zerobubble.tooling.launcher.commands import DEMO_CONFIG
 from zerobubble.tooling.launcher.config import UpConfig, merge, validated
 from zerobubble.tooling.launcher.run import SERVER, Run, build_run_spec, with_schedule_length
 from zerobubble.tooling.launcher.tether import Tether
