@@ -10,7 +10,7 @@ from zerobubble.reward.combined import CombinedVerifier
 from zerobubble.reward.config import REWARD_MODEL, RewardServiceConfig
 from zerobubble.reward.custom import CustomVerifier, custom_specs
 from zerobubble.reward.http_server import RewardHttp
-from zerobubble.reward.math_pool import VerifierPool
+from zerobubble.reward.math_pool import VerifierPool, WorkerLimits
 from zerobubble.reward.metrics import RewardMetrics
 from zerobubble.reward.sandbox import CodeSandbox
 from zerobubble.reward.scorer import RewardScorer
@@ -29,8 +29,11 @@ class RewardHost(ServiceHost):
     def __init__(self, config: RewardServiceConfig):
         super().__init__("reward", config.server)
         self.reward_config = config
-        self.pool = VerifierPool(config.math.workers, config.math.timeout_seconds,
-                                 custom_specs(config.custom_verifiers), config.limits.max_answer_bytes)
+        math = config.math
+        self.pool = VerifierPool(math.workers, math.timeout_seconds, custom_specs(config.custom_verifiers),
+                                 config.limits.max_answer_bytes,
+                                 WorkerLimits(math.memory_bytes, math.max_open_files, tuple(math.env),
+                                              math.max_consecutive_errors))
         self.sandbox = CodeSandbox(config.sandbox)
         self.reward_model = None
         try:

@@ -31,6 +31,13 @@ class MathConfig(Schema):
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0,
                          description="verification processes (default: one per core)")
     timeout_seconds: float = Field(5.0, gt=0, description="per-item limit; the worker is replaced after it")
+    max_consecutive_errors: int = Field(3, gt=0, description="a worker whose custom verifier raised this many "
+                                        "times in a row is replaced (a leaked resource dies with it)")
+    memory_bytes: int = Field(2 * 1024 ** 3, gt=0, description="address space of each worker (RLIMIT_AS)")
+    max_open_files: int = Field(256, gt=16, description="open files of each worker (RLIMIT_NOFILE)")
+    env: list[str] = Field(default_factory=list, description="names of the service's environment variables the "
+                           "workers get, beside PATH, HOME, LANG, LC_ALL, TZ, TMPDIR and PYTHONPATH; "
+                           "nothing else (never the bearer token's variable)")
 
 
 class SandboxConfig(Schema):
@@ -78,6 +85,15 @@ class HttpConfig(Schema):
                                "/get_reward, slime's /reward, GET /healthz); null: no HTTP")
     verifier: str = Field("boxed", description="verifier of /get_reward and /reward when the URL does not name "
                           "one with ?verifier=")
+    header_timeout_seconds: float = Field(10.0, gt=0, description="from a connection's opening (or its last "
+                                          "response) to a complete request head; past it the connection is closed")
+    body_timeout_seconds: float = Field(30.0, gt=0, description="reading a request's body; past it: 408")
+    idle_timeout_seconds: float = Field(60.0, gt=0, description="a keep-alive connection with no request is "
+                                        "closed after it")
+    max_connections: int = Field(256, gt=0, description="connections held at once; a new one beyond it closes "
+                                 "the oldest still waiting for its request head, or is itself closed")
+    max_connections_per_peer: int = Field(64, gt=0, description="the same bound per client address")
+    max_json_digits: int = Field(100, gt=0, description="digits of one number in a JSON body")
 
     @field_validator("listen")
     @classmethod
@@ -177,6 +193,13 @@ class RewardServiceConfig(Schema):
     def _rewards_ordered(self) -> RewardServiceConfig:
         if self.rewards.correct < self.rewards.wrong:
             raise ValueError("rewards.correct must not be below rewards.wrong")
+        return self
+
+    @model_validator(mode="after")
+    def _token_stays_out(self) -> RewardServiceConfig:
+        if self.server.auth_token_env is not None and self.server.auth_token_env in self.math.env:
+            raise ValueError(f"math.env: {self.server.auth_token_env!r} holds the bearer token "
+                             "(server.auth_token_env); verifiers must not get it")
         return self
 
     @model_validator(mode="after")

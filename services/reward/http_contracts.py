@@ -25,7 +25,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from zerobubble.common.errors import InvalidInput, ServiceError
+from zerobubble.common.errors import InvalidInput, ServiceError, TooLarge
 from zerobubble.reward.config import RewardValues
 from zerobubble.reward.scorer import Score
 from zerobubble.reward.servicer import to_item, to_result
@@ -70,11 +70,90 @@ def _fields(names: dict[str, str], whole: str | None) -> Callable[[str], str]:
     return rename
 
 
-def json_body(raw: bytes) -> Any:
+def json_body(raw: bytes, max_digits: int, bounded: dict[str, int] | None = None) -> Any:
+    """The body as JSON. A list that `bounded` names (a key of the top-level object -> its most entries) is read
+    entry by entry and refused past its bound, before the rest is parsed: a batch of a million items costs
+    its first entries, not a million. A number of more than `max_digits` digits (whose conversion costs time
+    quadratic in its length) or nesting past the parser's recursion limit is bad input, not a crash."""
+
+    def integer(text: str) -> int:
+        if len(text.lstrip("-")) > max_digits:
+            raise InvalidInput(f"a number of {len(text)} digits; at most {max_digits} "
+                               "(http.max_json_digits)", field="body")
+        return int(text)
+
     try:
-        return json.loads(raw)
+        text = raw.decode()
+        if bounded:
+            return _bounded_object(text, json.JSONDecoder(parse_int=integer), bounded)
+        return json.loads(text, parse_int=integer)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"not JSON: {exc}", field="body") from None
+    except RecursionError:
+        raise InvalidInput("nested too deep", field="body") from None
+
+
+_BLANK = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, at: int) -> int:
+    return _BLANK.match(text, at).end()
+
+
+def _expect(text: str, at: int, what: str) -> json.JSONDecodeError:
+    return json.JSONDecodeError(f"Expecting {what}", text, at)
+
+
+def _bounded_object(text: str, decoder: json.JSONDecoder, bounded: dict[str, int]) -> Any:
+    """json.loads(text), reading the lists `bounded` names one entry at a time (see json_body)."""
+    at = _skip(text, 0)
+    if not text.startswith("{", at):
+        return decoder.decode(text)   # not an object: the contract refuses it by its type
+    found: dict[str, Any] = {}
+    at = _skip(text, at + 1)
+    if text.startswith("}", at):
+        at += 1
+    else:
+        while True:
+            key, at = decoder.raw_decode(text, at)
+            if not isinstance(key, str):
+                raise _expect(text, at, "property name enclosed in double quotes")
+            at = _skip(text, at)
+            if not text.startswith(":", at):
+                raise _expect(text, at, "':' delimiter")
+            at = _skip(text, at + 1)
+            if key in bounded and text.startswith("[", at):
+                found[key], at = _bounded_list(text, decoder, at, bounded[key], key)
+            else:
+                found[key], at = decoder.raw_decode(text, at)
+            at = _skip(text, at)
+            if text.startswith("}", at):
+                at += 1
+                break
+            if not text.startswith(",", at):
+                raise _expect(text, at, "',' delimiter")
+            at = _skip(text, at + 1)
+    if _skip(text, at) != len(text):
+        raise json.JSONDecodeError("Extra data", text, at)
+    return found
+
+
+def _bounded_list(text: str, decoder: json.JSONDecoder, at: int, limit: int, field: str) -> tuple[list, int]:
+    entries: list = []
+    at = _skip(text, at + 1)
+    if text.startswith("]", at):
+        return entries, at + 1
+    while True:
+        if len(entries) == limit:
+            raise TooLarge(f"more than {limit} items exceed limits.max_batch_items={limit}", field=field)
+        entry, at = decoder.raw_decode(text, at)
+        entries.append(entry)
+        at = _skip(text, at)
+        if text.startswith("]", at):
+            return entries, at + 1
+        if not text.startswith(",", at):
+            raise _expect(text, at, "',' delimiter")
+        at = _skip(text, at + 1)
 
 
 def _object(body: Any) -> dict:

@@ -2,7 +2,10 @@
 users bring (services/reward/custom.py), never run in the server process.
 
 A verification that hangs is killed when its time is up and one that crashes its process is answered with a
-reason; either way the worker is replaced and the pool keeps serving. Workers and the pool speak JSON over
+reason; either way the worker is replaced and the pool keeps serving, as it is after a run of verifier errors
+(a verifier that leaks files or memory spoils its worker, not the next items). Each worker is a process of its
+own session, started with only the environment the configuration passes and its own memory and open-file
+limits; killing it kills its session, so whatever a verifier started dies with it. Workers and the pool speak JSON over
 the pipe, and a reply is read only up to a bounded size, so whatever a worker's code does, the server
 unpickles nothing from it and never holds more than that bound of its output.
 """
@@ -11,11 +14,18 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
+import os
 import queue
+import resource
+import signal
+import socket
+import subprocess
+import sys
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 from zerobubble.common.config import ConfigError
@@ -26,6 +36,22 @@ _STARTUP_SECONDS = 120.0
 _READY = "ready"
 # A reply is a verdict: a few flags, a reason and an extracted answer (bounded by the worker).
 _MAX_REPLY_BYTES = 1024 * 1024
+# What any program needs to run; everything else of the service's environment (its token) stays out.
+BASIC_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH")
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    """Per worker process: address space and open files (rlimits), the environment variables it gets beside
+    BASIC_ENV, and how many verifier errors in a row replace it."""
+
+    memory_bytes: int = 2 * 1024 ** 3
+    max_open_files: int = 256
+    env: tuple[str, ...] = ()
+    max_consecutive_errors: int = 3
+
+    def environment(self) -> dict[str, str]:
+        return {name: os.environ[name] for name in (*BASIC_ENV, *self.env) if name in os.environ}
 
 
 @dataclass(frozen=True)
@@ -94,17 +120,52 @@ def _worker_main(conn, specs: Sequence[CustomSpec], max_extracted_bytes: int) ->
         conn.send_bytes(json.dumps(reply).encode())
 
 
-class _Worker:
-    # Spawned, not forked: the parent is a threaded gRPC server.
-    _context = multiprocessing.get_context("spawn")
+# How often a worker looks whether the service is still its parent.
+_ORPHAN_CHECK_SECONDS = 1.0
 
-    def __init__(self, specs: Sequence[CustomSpec], max_extracted_bytes: int):
-        self._conn, child = self._context.Pipe()
-        self.process = self._context.Process(target=_worker_main, args=(child, list(specs), max_extracted_bytes),
-                                             daemon=True)
-        self.process.start()
-        child.close()
+
+def _die_with_the_service(service_pid: int) -> None:
+    """When the service dies, even by SIGKILL (which runs none of its cleanup), the worker is re-parented: it
+    then kills its whole session. (PR_SET_PDEATHSIG would fire when the service's thread that started the
+    worker ends, not the service.)"""
+
+    def watch() -> None:
+        while os.getppid() == service_pid:
+            time.sleep(_ORPHAN_CHECK_SECONDS)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
+def _serve(fd: int, service_pid: int) -> None:
+    """A worker process: take its settings from the pool, bound itself, then serve."""
+    _die_with_the_service(service_pid)
+    conn = Connection(fd)
+    specs, max_extracted_bytes, memory_bytes, max_open_files = json.loads(conn.recv_bytes())
+    # Hard limits too, before any verifier is imported: its code cannot raise them again.
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+    _worker_main(conn, [CustomSpec(**spec) for spec in specs], max_extracted_bytes)
+    # The service closed the connection (or died): nothing the verifiers started may outlive the worker.
+    os.killpg(0, signal.SIGKILL)
+
+
+class _Worker:
+    """A fresh interpreter (not a fork of the threaded server) in a session of its own, talking over a socket
+    pair so that what a verifier prints cannot garble the replies."""
+
+    def __init__(self, specs: Sequence[CustomSpec], max_extracted_bytes: int, limits: WorkerLimits):
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "zerobubble.reward.math_pool", str(theirs.fileno()), str(os.getpid())],
+                env=limits.environment(), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        self._conn = Connection(ours.detach())
+        self._conn.send_bytes(json.dumps([[asdict(spec) for spec in specs], max_extracted_bytes,
+                                          limits.memory_bytes, limits.max_open_files]).encode())
         self._ready = False
+        self.errors = 0
 
     def wait_ready(self, timeout: float) -> None:
         if self._ready:
@@ -114,7 +175,7 @@ class _Worker:
                 raise TimeoutError("verification worker did not start")
             first = json.loads(self._conn.recv_bytes(_MAX_REPLY_BYTES))
         except (EOFError, OSError):
-            raise WorkerExited(f"verification worker exited at start (exit code {self.process.exitcode})") from None
+            raise WorkerExited(f"verification worker exited at start (exit code {self.process.poll()})") from None
         if first[0] == "import_error":
             _, field, message = first
             raise ConfigError(f"{field}: cannot import it: {message}")
@@ -131,8 +192,16 @@ class _Worker:
             raise WorkerFailed("bad_result: the worker's reply is not JSON") from None
 
     def kill(self) -> None:
-        self.process.kill()
-        self.process.join(5)
+        """Kill its whole session. The group outlives a leader that died by itself as long as a child of it
+        lives, and its id is not reused meanwhile, so this reaches the orphans of a crashed worker too."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            log.warning("verification worker %d did not exit after SIGKILL", self.process.pid)
         self._conn.close()
 
 
@@ -148,14 +217,19 @@ def _fields(reply: Any, *types: tuple[type, ...]) -> list:
     return reply
 
 
+def _verifier_error(reply: Any) -> bool:
+    return isinstance(reply, list) and bool(reply) and str(reply[-1]).startswith("verifier_error")
+
+
 class VerifierPool:
     """verify(gold, answer) and custom(name, ...) from any thread; at most `workers` run at once."""
 
     def __init__(self, workers: int, timeout_seconds: float, custom: Sequence[CustomSpec] = (),
-                 max_extracted_bytes: int = 16 * 1024):
+                 max_extracted_bytes: int = 16 * 1024, limits: WorkerLimits = WorkerLimits()):
         self.timeout_seconds = timeout_seconds
         self._specs = list(custom)
         self._max_extracted_bytes = max_extracted_bytes
+        self._limits = limits
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._all: set[_Worker] = set()
         self._lock = threading.Lock()
@@ -164,7 +238,7 @@ class VerifierPool:
             self._idle.put(self._spawn())
 
     def _spawn(self) -> _Worker:
-        worker = _Worker(self._specs, self._max_extracted_bytes)
+        worker = _Worker(self._specs, self._max_extracted_bytes, self._limits)
         with self._lock:
             self._all.add(worker)
         return worker
@@ -187,7 +261,9 @@ class VerifierPool:
         with self._lock:
             return [worker.process.pid for worker in self._all]
 
-    def _ask(self, message: list, what: str) -> Any:
+    def _ask(self, message: list, what: str, erred: Callable[[Any], bool] | None = None) -> Any:
+        """The worker's reply. When `erred(reply)` says the verifier itself failed, a run of
+        limits.max_consecutive_errors such replies replaces the worker once it has answered."""
         worker = self._idle.get()
         try:
             reply = worker.ask(message, self.timeout_seconds)
@@ -199,13 +275,18 @@ class VerifierPool:
             # WorkerExited: killed before it was ready. OSError also when the reply is over _MAX_REPLY_BYTES: the
             # pipe is left mid-message.
             log.warning("%s: worker died or overflowed its pipe (exit code %s); replacing it", what,
-                        worker.process.exitcode)
+                        worker.process.poll())
             self._replace(worker)
             raise WorkerFailed("worker_crash") from None
         except WorkerFailed:
             self._replace(worker)
             raise
-        self._idle.put(worker)
+        worker.errors = worker.errors + 1 if erred is not None and erred(reply) else 0
+        if worker.errors >= self._limits.max_consecutive_errors:
+            log.warning("%s failed %d times in a row; replacing its worker", what, worker.errors)
+            self._replace(worker)
+        else:
+            self._idle.put(worker)
         return reply
 
     def verify(self, gold: str, answer: str) -> MathVerdict:
@@ -218,7 +299,8 @@ class VerifierPool:
     def custom(self, name: str, response: str, ground_truth: Any, metadata: dict | None) -> CustomVerdict:
         """Run custom verifier `name`; what it does wrong comes back as the verdict's reason."""
         try:
-            reply = self._ask(["custom", name, response, ground_truth, metadata], f"custom verifier {name!r}")
+            reply = self._ask(["custom", name, response, ground_truth, metadata], f"custom verifier {name!r}",
+                              _verifier_error)
             fields = _fields(reply, (int, float), (bool, type(None)), (bool, type(None)), (str,), (str,))
         except WorkerFailed as failed:
             return CustomVerdict(0.0, False, False, "", failed.reason)
@@ -229,3 +311,7 @@ class VerifierPool:
             workers, self._all = list(self._all), set()
         for worker in workers:
             worker.kill()
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), int(sys.argv[2]))

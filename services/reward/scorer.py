@@ -111,6 +111,12 @@ def lane_widths(config: RewardServiceConfig) -> dict[str, int]:
     return widths
 
 
+def check_batch_size(count: int, limit: int, field: str = "items") -> None:
+    """Refuse a batch by its item count; callers check it before any per-item work."""
+    if count > limit:
+        raise TooLarge(f"{count} items exceed limits.max_batch_items={limit}", field=field)
+
+
 class RewardScorer:
     def __init__(self, config: RewardServiceConfig, verifiers: dict, metrics: RewardMetrics,
                  unavailable: dict[str, str] | None = None):
@@ -216,8 +222,7 @@ class RewardScorer:
     async def score_batch(self, items: list[ScoreItem]) -> list[Score]:
         """All items are validated before any is accepted, so a bad item refuses the whole batch. The
         batch takes its turns on the lanes as one source."""
-        if len(items) > self.config.limits.max_batch_items:
-            raise TooLarge(f"{len(items)} items exceed limits.max_batch_items", field="items")
+        check_batch_size(len(items), self.config.limits.max_batch_items)
         for index, item in enumerate(items):
             self.validate(item, where=f"items[{index}].")
         self._admit(len(items))

@@ -9,7 +9,7 @@ from google.protobuf import json_format
 
 from zerobubble.common.errors import InvalidInput
 from zerobubble.common.status import translate_errors
-from zerobubble.reward.scorer import RewardScorer, Score
+from zerobubble.reward.scorer import RewardScorer, Score, check_batch_size
 from zerobubble.reward.verifiers import ScoreItem
 from zerobubble.v1 import reward_pb2, reward_pb2_grpc
 
@@ -64,6 +64,8 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
     @translate_errors
     async def ScoreBatch(self, request, context):
+        # Before to_item: a message of a million items costs seconds of the event loop to convert.
+        check_batch_size(len(request.items), self.scorer.config.limits.max_batch_items)
         scores = await self.scorer.score_batch(
             [to_item(r, f"items[{i}].") for i, r in enumerate(request.items)])
         return reward_pb2.ScoreBatchReply(results=[to_result(s) for s in scores])

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ class Served:
     address: str       # gRPC HOST:PORT
     url: str           # http(s)://HOST:PORT
     metrics_port: int
+    log: Callable[[], str]   # the service's log so far
+    pid: int
 
 
 def free_port() -> int:
@@ -30,7 +33,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_reward(scheme: str = "http", host: str = "127.0.0.1", **settings) -> Iterator[Served]:
+def serve_reward(scheme: str = "http", host: str = "127.0.0.1", open_files: int | None = None,
+                 **settings) -> Iterator[Served]:
+    """`open_files`: the service's descriptor limit (ulimit -n), when given."""
     port = free_port()
     sets = {**SMALL, "http.listen": f"{host}:{port}", **settings}
     command = [sys.executable, "-m", "zerobubble", "serve", "reward", "--listen", f"{host}:0",
@@ -39,8 +44,14 @@ def serve_reward(scheme: str = "http", host: str = "127.0.0.1", **settings) -> I
         command += ["--set", f"{key}={value}"]
     # The log goes to a file: a pipe nobody reads would stall the service once full.
     log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True,
+    limit = None if open_files is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                                          (open_files, open_files))
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=limit,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def log_so_far() -> str:
+        return os.pread(log.fileno(), os.fstat(log.fileno()).st_size, 0).decode(errors="replace")
+
     try:
         line = proc.stdout.readline()
         if not line:
@@ -48,7 +59,7 @@ def serve_reward(scheme: str = "http", host: str = "127.0.0.1", **settings) -> I
             log.seek(0)
             raise RuntimeError(f"serve reward did not start: {log.read()}")
         ready = json.loads(line)
-        yield Served(ready["address"], f"{scheme}://{host}:{port}", ready["metrics_port"])
+        yield Served(ready["address"], f"{scheme}://{host}:{port}", ready["metrics_port"], log_so_far, proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

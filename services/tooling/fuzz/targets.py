@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import resource
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +38,15 @@ START_TIMEOUT_S = 300.0
 SERVER = {"listen": "127.0.0.1:0", "metrics_port": None, "max_message_bytes": MAX_MESSAGE_BYTES,
           "grace_seconds": 0.5}
 FUZZ_WORKER = "fuzz-worker"
+# The reward service's HTTP side closes slow connections after these (http_abuse.py waits them out).
+HTTP_HEAD_TIMEOUT_S = 2.0
+HTTP_BODY_TIMEOUT_S = 2.0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _limit_memory() -> None:
@@ -126,9 +136,13 @@ class Deployment:
                   "pull": {"max_wait_seconds": 1.0},
                   # The valid group (_group) has two trajectories.
                   "run_spec": {"num_generations": 2, "max_new_tokens": 4}}
+        # HTTP needs a port known before the start: its listener does not report the one it took.
+        self.reward_http = f"127.0.0.1:{_free_port()}"
         configs = {
             "reward": {"server": SERVER, "math": {"workers": 1, "timeout_seconds": 2.0},
-                       "sandbox": {"slots": 1, "wall_seconds": 2.0, "cpu_seconds": 2}},
+                       "sandbox": {"slots": 1, "wall_seconds": 2.0, "cpu_seconds": 2},
+                       "http": {"listen": self.reward_http, "header_timeout_seconds": HTTP_HEAD_TIMEOUT_S,
+                                "body_timeout_seconds": HTTP_BODY_TIMEOUT_S}},
             "buffer": {**buffer, "wal": {**buffer["wal"], "directory": str(directory / "buffer-wal")}},
             "buffer-quiet": {**buffer, "wal": {**buffer["wal"], "directory": str(directory / "quiet-wal")}},
         }

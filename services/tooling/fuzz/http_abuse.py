@@ -1,0 +1,148 @@
+"""The reward service's HTTP side under abuse: connections that send a request head or a body slowly or not at
+all, and JSON bodies built to cost the parser (deep nesting, huge numbers, cut or mutated documents). The service
+answers 4xx to every bad body, closes every slow connection within its timeouts, and keeps serving meanwhile."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import socket
+import time
+from collections.abc import Iterator
+
+from zerobubble.tooling.fuzz.abuse import ANSWER_AT_ONCE_S, serving
+from zerobubble.tooling.fuzz.campaign import Finding
+from zerobubble.tooling.fuzz.targets import HTTP_BODY_TIMEOUT_S, HTTP_HEAD_TIMEOUT_S, Deployment
+
+SLOW_CONNECTIONS = 60
+PATHS = ("/v1/score", "/get_reward", "/reward")
+VALID = {"/v1/score": {"verifier": "boxed", "response": "\\boxed{1}", "gt_answer": "1"},
+         "/get_reward": {"query": ["\\boxed{1}"], "prompts": [""], "labels": ["1"]},
+         "/reward": {"prompt": "p", "response": "\\boxed{1}", "label": "1"}}
+# How slow connections start: a head cut short, a head and part of a promised body, nothing at all.
+SLOW_STARTS = {
+    "a partial head": b"POST /v1/score HTTP/1.1\r\nHost: x\r\n",
+    "a partial body": b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"items\": [",
+    "nothing": b"",
+}
+
+
+def _endpoint(deployment: Deployment) -> tuple[str, int]:
+    host, _, port = deployment.reward_http.rpartition(":")
+    return host, int(port)
+
+
+def post(deployment: Deployment, path: str, body: bytes, timeout: float = 2 * ANSWER_AT_ONCE_S) -> int | None:
+    """The HTTP status of `body` POSTed to `path` on a fresh connection; None when no answer came."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    try:
+        with socket.create_connection(_endpoint(deployment), timeout=timeout) as conn:
+            conn.sendall(head + body)
+            status_line = conn.makefile("rb").readline()
+    except OSError:
+        return None
+    parts = status_line.split()
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
+def hostile_bodies(rng: random.Random) -> dict[str, bytes]:
+    """JSON documents, by name, that cost a naive parser or a naive handler."""
+    valid = json.dumps(VALID["/v1/score"]).encode()
+    cut = rng.randint(1, len(valid) - 1)
+    mutated = bytearray(valid)
+    for _ in range(4):
+        mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+    return {
+        "arrays nested 1,000 deep": b"[" * 1000 + b"]" * 1000,
+        "objects nested 100,000 deep, unclosed": b'{"a":' * 100_000,
+        "metadata nested 200 deep": json.dumps({**VALID["/v1/score"], "metadata": _nested(200)}).encode(),
+        "an integer of 5,000 digits": b'{"id": ' + b"9" * 5000 + b"}",
+        "a negative integer of 100,000 digits": b'{"verifier": -' + b"1" * 100_000 + b"}",
+        "a float of 100,000 digits": b'{"reward": 1.' + b"5" * 100_000 + b"}",
+        "a cut document": valid[:cut],
+        "a mutated document": bytes(mutated),
+        "not UTF-8": b'{"verifier": "\xff\xfe"}',
+        "NaN where a string goes": b'{"verifier": NaN, "response": "x"}',
+    }
+
+
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def hostile_json(deployment: Deployment, rng: random.Random) -> list[Finding]:
+    """Every hostile body to every HTTP path: each gets an answer below 500, at once (a 4xx, unless a mutation
+    happened to leave the document valid)."""
+    findings = []
+    for name, body in hostile_bodies(rng).items():
+        for path in PATHS:
+            started = time.monotonic()
+            status = post(deployment, path, body)
+            if status is None or status >= 500:
+                findings.append(Finding(f"HTTP {path}", str(status), "expected an answer below 500", name))
+            elif time.monotonic() - started > ANSWER_AT_ONCE_S:
+                findings.append(Finding(f"HTTP {path}", "slow", f"{time.monotonic() - started:.1f} s", name))
+    return findings + _http_serving(deployment, "hostile JSON bodies") + serving(deployment, "reward",
+                                                                               "hostile JSON over HTTP")
+
+
+@contextlib.contextmanager
+def _slow(deployment: Deployment, start: bytes, count: int) -> Iterator[list[socket.socket]]:
+    sockets = []
+    try:
+        for _ in range(count):
+            conn = socket.create_connection(_endpoint(deployment), timeout=ANSWER_AT_ONCE_S)
+            sockets.append(conn)
+            if start:
+                conn.sendall(start)
+        yield sockets
+    finally:
+        for conn in sockets:
+            conn.close()
+
+
+def _closed_by_server(conn: socket.socket, within: float) -> bool:
+    """Whether the server ends the connection (after an answer such as 408, or none) within `within` seconds."""
+    conn.settimeout(within)
+    try:
+        while conn.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def slow_connections(deployment: Deployment) -> list[Finding]:
+    """SLOW_CONNECTIONS connections of each slow start: the service answers meanwhile, and closes each within
+    its head or body timeout (plus the time to read a body's rest and a margin for a loaded machine)."""
+    findings = []
+    with contextlib.ExitStack() as stack:
+        held = {name: stack.enter_context(_slow(deployment, start, SLOW_CONNECTIONS))
+                for name, start in SLOW_STARTS.items()}
+        findings += _http_serving(deployment, f"{len(held) * SLOW_CONNECTIONS} slow HTTP connections")
+        findings += serving(deployment, "reward", f"{len(held) * SLOW_CONNECTIONS} slow HTTP connections")
+        limit = max(HTTP_HEAD_TIMEOUT_S, HTTP_BODY_TIMEOUT_S) + 2 * ANSWER_AT_ONCE_S
+        deadline = time.monotonic() + limit
+        for name, sockets in held.items():
+            still_open = sum(not _closed_by_server(conn, max(0.1, deadline - time.monotonic())) for conn in sockets)
+            if still_open:
+                findings.append(Finding("HTTP", "hang", f"{still_open} connections open after {limit:.0f} s",
+                                        f"connections that sent {name}"))
+    return findings
+
+
+def _http_serving(deployment: Deployment, after: str) -> list[Finding]:
+    started = time.monotonic()
+    status = post(deployment, "/v1/score", json.dumps(VALID["/v1/score"]).encode(), timeout=2 * ANSWER_AT_ONCE_S)
+    if status != 200:
+        return [Finding("HTTP /v1/score", str(status), "a valid request was not answered 200", after)]
+    if time.monotonic() - started > 2 * ANSWER_AT_ONCE_S:
+        return [Finding("HTTP /v1/score", "slow", f"{time.monotonic() - started:.1f} s", after)]
+    return []
