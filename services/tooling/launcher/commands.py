@@ -1,13 +1,14 @@
-"""`zerobubble up [--config FILE] [--set KEY=VALUE] [rl_example.py flags] [--resume RUN_DIR]`."""
+"""`zerobubble up [--config FILE] [--set KEY=VALUE] [rl_example.py flags] [--resume RUN_DIR | --overwrite]`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from zerobubble.common.config import ConfigError, load_config, parse_override
+from zerobubble.common.config import load_config, parse_override
 from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 from zerobubble.tooling.launcher.config import UpConfig
 from zerobubble.tooling.launcher.reference_flags import add_reference_flags, reference_overrides
+from zerobubble.tooling.launcher.run_folder import check_fresh, check_resume, saved_config
 
 
 def up_config(args) -> UpConfig:
@@ -15,10 +16,10 @@ def up_config(args) -> UpConfig:
     overrides = reference_overrides(args)
     overrides.update(parse_override(item) for item in args.set or [])
     if args.resume is not None:
-        path = args.resume / "configs" / "up.yaml"
-        if not path.exists():
-            raise ConfigError(f"--resume {args.resume}: no run there ({path} is missing)")
-        return load_config(UpConfig, path, overrides)
+        path = saved_config(args.resume)
+        config = load_config(UpConfig, path, overrides)
+        check_resume(config, load_config(UpConfig, path))
+        return config
     # A missing file (the demo's included) is an error from load_config, never a run on the schema's defaults.
     return load_config(UpConfig, args.config or DEMO_CONFIG, overrides)
 
@@ -27,11 +28,13 @@ def cmd_up(args) -> int:
     from zerobubble.tooling.launcher.preflight import preflight
 
     config = up_config(args)
+    if args.resume is None:
+        check_fresh(config, overwrite=args.overwrite)
     preflight(config)
     # Imported once the input is known good: the pipeline brings torch, which a mistyped path need not wait for.
     from zerobubble.tooling.launcher.run import up
 
-    return up(config, resume=args.resume is not None)
+    return up(config, resume=args.resume is not None, overwrite=args.overwrite)
 
 
 def register(subparsers) -> None:
@@ -40,6 +43,9 @@ def register(subparsers) -> None:
                         help="a run config (default: the demo, services/tooling/configs/demo.yaml)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a field, e.g. pipeline.rollout_workers=2 or trainer.max_steps=10")
-    parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a stopped run")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a stopped run (same model)")
+    start.add_argument("--overwrite", action="store_true",
+                       help="replace the run that run_dir holds (its checkpoints, logs and metrics) with a new one")
     add_reference_flags(parser)
     parser.set_defaults(run=cmd_up)

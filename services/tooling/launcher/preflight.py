@@ -22,17 +22,19 @@ def preflight(config: UpConfig) -> None:
     """The cheap checks first: a mistyped path is reported before torch is imported."""
     if config.model is not None:
         check_model(config.model)
+    check_verifiers(config)
     check_run_data(config)
     check_services(config)
 
 
 def check_model(model: Path) -> None:
     if not model.exists():
-        hint = "no such folder"
-        if HUB_ID.fullmatch(str(model)):
-            hint = (f"{str(model)!r} looks like a Hugging Face hub id, and models from the hub need network: download "
-                    f"it first (huggingface-cli download {model} --local-dir DIR) and give the folder")
-        raise ConfigError(f"model: {model}: {hint}")
+        if looks_like_hub_id(model):
+            raise ConfigError(f"model: {model}: {str(model)!r} looks like a Hugging Face hub id, and models from the "
+                              f"hub need network: download it first (huggingface-cli download {model} --local-dir "
+                              "DIR) and give the folder")
+        shown = model if model.is_absolute() or model.parts[0] == ".." else f"./{model}"
+        raise ConfigError(f"model: no such folder {shown} (model)")
     if not model.is_dir():
         raise ConfigError(f"model: {model} is a file; expected a Hugging Face model folder (with config.json)")
     try:
@@ -41,6 +43,24 @@ def check_model(model: Path) -> None:
         raise ConfigError(f"model: {model} has no config.json: not a Hugging Face model folder") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"model: {model}/config.json cannot be read: {exc}") from None
+
+
+def looks_like_hub_id(model: Path) -> bool:
+    """owner/name, where no folder `owner` is here: a mistyped path under an existing folder is a path."""
+    return bool(HUB_ID.fullmatch(str(model))) and not Path(model.parts[0]).exists()
+
+
+def check_verifiers(config: UpConfig) -> None:
+    """Every verifier the run routes rows to is one the reward service has (else every group fails to score)."""
+    from zerobubble.reward.config import RewardServiceConfig
+
+    known = validated(RewardServiceConfig, config.reward, "reward section").ground_truths()
+    for field, name in [("run.verifier", config.run.verifier),
+                        *((f"run.by_data_source.{source}", name) for source, name in
+                          config.run.by_data_source.items())]:
+        if name not in known:
+            raise ConfigError(f"{field}: unknown verifier {name!r} (known: {', '.join(sorted(known))}; "
+                              "reward.custom_verifiers adds others)")
 
 
 def check_run_data(config: UpConfig) -> None:

@@ -27,6 +27,7 @@ from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
 from zerobubble.tooling.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.tooling.launcher.processes import ServiceFailed, ServiceProcess
 from zerobubble.tooling.launcher.progress import ProgressLine
+from zerobubble.tooling.launcher.run_folder import clear as clear_run_folder
 from zerobubble.tooling.launcher.supervisor import Supervisor
 from zerobubble.tooling.launcher.tether import RunFolderBusy, Tether
 from zerobubble.trainer.config import BatchConfig, TrainerServiceConfig
@@ -182,14 +183,17 @@ def _interrupt(signum, _frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-def up(config: UpConfig, *, resume: bool = False, cache: Path | None = None) -> int:
+def up(config: UpConfig, *, resume: bool = False, overwrite: bool = False, cache: Path | None = None) -> int:
     """Run the pipeline to the end; returns the exit code (0 done, 1 a service failed or the run folder is in use,
-    130 interrupted)."""
+    130 interrupted). `overwrite` first clears what an earlier run left in the folder."""
     try:
         run = Run(config, resume=resume, tether=Tether.hold(config.run_dir))
     except RunFolderBusy as exc:
         print(f"zerobubble up: {exc}", flush=True)
         return 1
+    if overwrite:
+        log.info("--overwrite: removing the earlier run in %s", config.run_dir)
+        clear_run_folder(config.run_dir)
     write_yaml(config.run_dir / "configs" / "up.yaml", config.model_dump(mode="json"))
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
