@@ -37,23 +37,31 @@ def describe(row: dict | None, elapsed: float, samples: float) -> str:
 
 
 class ProgressLine:
-    """One line redrawn in place on a terminal; a plain line every 15 s otherwise (logs, CI)."""
+    """One line redrawn in place on a terminal. Otherwise (a log file, CI, tee) a plain line for each new step, at
+    most one every `interval` seconds, a line every `interval` seconds while no step comes, and the last step
+    always when the run ends."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, interval: float = 15.0):
         self.metrics = run_dir / "trainer" / "metrics.jsonl"
+        self.interval = interval
         self.started = time.monotonic()
         self.samples = 0.0
         self.seen_step = 0
+        self.printed_step = 0
         self.live: Live | None = None
         self.last_print = 0.0
 
     def start(self) -> None:
         self.started = time.monotonic()
+        # A resumed run's earlier steps were not made in this launcher's time: the rate counts only new ones.
+        row = last_row(self.metrics)
+        self.seen_step = self.printed_step = row["step"] if row is not None else 0
+        self.last_print = self.started
         if sys.stdout.isatty():
             self.live = Live(Text(""), console=Console(), refresh_per_second=2, transient=False)
             self.live.start()
 
-    def refresh(self) -> None:
+    def refresh(self, *, final: bool = False) -> None:
         row = last_row(self.metrics)
         if row is not None and row["step"] > self.seen_step:
             self.samples += row.get("samples", 0) * (row["step"] - self.seen_step)
@@ -61,11 +69,17 @@ class ProgressLine:
         line = describe(row, time.monotonic() - self.started, self.samples)
         if self.live is not None:
             self.live.update(Text(line))
-        elif time.monotonic() - self.last_print > 15:
-            self.last_print = time.monotonic()
+            return
+        now = time.monotonic()
+        new_step = self.seen_step > self.printed_step
+        if (new_step and (final or now - self.last_print >= min(self.interval, 1.0))) or \
+                (not final and now - self.last_print >= self.interval):
+            self.last_print, self.printed_step = now, self.seen_step
             print(line, flush=True)
 
     def close(self) -> None:
         if self.live is not None:
             self.live.stop()
             self.live = None
+        else:
+            self.refresh(final=True)
