@@ -83,6 +83,20 @@ def test_resume_with_another_model_is_refused_before_anything_is_written(tmp_pat
     assert main(["up", "--resume", str(run_dir), "--set", "tiny_model.size=3m"]) == 2
 
 
+def test_resuming_a_run_at_max_steps_says_there_is_nothing_left_to_do(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    config = write_yaml(run_dir / "configs" / "up.yaml", UpConfig(
+        run_dir=run_dir, model=model_folder(tmp_path / "model"), trainer={"max_steps": 20}).model_dump(mode="json"))
+    for step in (10, 20):
+        (run_dir / "trainer" / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+        (run_dir / "trainer" / "checkpoints" / f"step-{step:06d}" / "trainer_state.json").write_text("{}")
+    saved = config.read_bytes()
+    assert main(["up", "--resume", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "20 steps (trainer.max_steps=20): nothing left to do" in out and "trainer.max_steps=40" in out
+    assert config.read_bytes() == saved
+
+
 def test_an_unknown_verifier_is_named_before_anything_starts(tmp_path, capsys):
     for argv, field in ((["-rt", "python"], "run.verifier: unknown verifier 'python'"),
                         (["--set", "run.by_data_source={apps: cod}"], "run.by_data_source.apps")):

@@ -8,7 +8,7 @@ from zerobubble.common.config import load_config, parse_override
 from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 from zerobubble.tooling.launcher.config import UpConfig
 from zerobubble.tooling.launcher.reference_flags import add_reference_flags, reference_overrides
-from zerobubble.tooling.launcher.run_folder import check_fresh, check_resume, saved_config
+from zerobubble.tooling.launcher.run_folder import check_fresh, check_resume, nothing_left, saved_config
 
 
 def up_config(args) -> UpConfig:
@@ -31,6 +31,9 @@ def cmd_up(args) -> int:
     if args.resume is None:
         check_fresh(config, overwrite=args.overwrite)
     preflight(config)
+    if args.resume is not None and (reason := nothing_left(config)) is not None:
+        print(f"zerobubble up: {reason}", flush=True)
+        return 0
     # Imported once the input is known good: the pipeline brings torch, which a mistyped path need not wait for.
     from zerobubble.tooling.launcher.run import up
 

@@ -57,3 +57,23 @@ def check_resume(config: UpConfig, saved: UpConfig) -> None:
         raise ConfigError(f"tiny_model: the run in {saved.run_dir} trained another tiny model "
                           f"({saved.tiny_model.model_dump()}): resume it with its own settings, or start the new "
                           "one in a fresh folder")
+
+
+def steps_done(run_dir: Path) -> int:
+    """Training steps of the run's newest complete checkpoint (0: none)."""
+    from zerobubble.trainer.checkpoints import latest_checkpoint, step_of
+
+    newest = latest_checkpoint(run_dir / "trainer" / "checkpoints")
+    return (step_of(newest) or 0) if newest is not None else 0
+
+
+def nothing_left(config: UpConfig) -> str | None:
+    """Why resuming the run would train nothing, when it would not."""
+    max_steps = config.trainer.get("max_steps")
+    if max_steps is None:
+        return None
+    done = steps_done(config.run_dir)
+    if done < max_steps:
+        return None
+    return (f"the run in {config.run_dir} has trained its {done} steps (trainer.max_steps={max_steps}): nothing "
+            f"left to do; to train further, resume with a higher limit (--set trainer.max_steps={done + max_steps})")
