@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from zerobubble.common.config import ConfigError
-from zerobubble.common.data import HUB_ID, DataError, DataSpec, check_data
+from zerobubble.common.data import HUB_ID, DataError, DataSpec, inspect_data
 from zerobubble.tooling.launcher.assets import RunAssets
 from zerobubble.tooling.launcher.config import UpConfig, validated
 
@@ -72,9 +72,12 @@ def check_run_data(config: UpConfig) -> None:
             continue
         spec = validated(DataSpec, {"path": path, **reading}, "buffer.prompts")
         try:
-            check_data(spec, field="buffer.prompts", default_split=default_split, seconds=DATA_CHECK_SECONDS)
+            found = inspect_data(spec, field="buffer.prompts", default_split=default_split,
+                                 seconds=DATA_CHECK_SECONDS)
         except DataError as exc:
             raise ConfigError(f"{name}: {exc}") from None
+        # Which file, read how: a wrong guess (a column, a format, a split) shows before the run, not after it.
+        print(f"{name}: {found.describe()}", flush=True)
 
 
 def check_services(config: UpConfig) -> None:
