@@ -94,6 +94,19 @@ def test_stale_groups_are_dropped_at_pull_time(open_buffer):
     assert buffer.stats()["stale_dropped"] == 1
 
 
+def test_stale_drops_are_logged_once_a_batch_with_their_versions(open_buffer, caplog):
+    buffer = open_buffer(prompts=6, run_spec__max_staleness=1)
+    prompts = buffer.lease_prompts("w", 6).prompts
+    for sequence, (prompt, version) in enumerate(zip(prompts, (0, 1, 2, 3, 6, 6), strict=True)):
+        buffer.push(make_group(prompt, "w", sequence, version=version))
+    buffer.set_policy_version(6)
+    with caplog.at_level("INFO", logger="zerobubble.buffer.core"):
+        assert len(pulled_groups(buffer, 5)) == 2
+    lines = [r.getMessage() for r in caplog.records if "stale" in r.getMessage()]
+    assert lines == ["dropped 4 groups as stale (policy versions 0 to 3, more than run.max_staleness=1 behind 6); "
+                     "4 dropped so far"]
+
+
 def test_few_surviving_groups_do_not_hang_the_trainer(open_buffer):
     buffer = open_buffer(prompts=4, run_spec__filter_range=[0.01, 0.99])
     prompts = buffer.lease_prompts("w", 4).prompts
