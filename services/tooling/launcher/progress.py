@@ -28,9 +28,9 @@ def last_row(path: Path) -> dict | None:
     return None
 
 
-def describe(row: dict | None, elapsed: float, samples: float) -> str:
+def describe(row: dict | None, elapsed: float, samples: float, waiting: str = "") -> str:
     if row is None:
-        return f"[{elapsed:6.0f}s] waiting for the first training step"
+        return f"[{elapsed:6.0f}s] waiting for the first training step{waiting}"
     return (f"[{elapsed:6.0f}s] step {row['step']}  reward {row.get('reward_mean', 0):.3f}  "
             f"accuracy {row.get('answer_accuracy', 0):.3f}  policy v{row['policy_version']}  "
             f"staleness {row.get('staleness_mean', 0):.2f}  {samples / elapsed if elapsed else 0:.1f} samples/s")
@@ -41,8 +41,12 @@ class ProgressLine:
     most one every `interval` seconds, a line every `interval` seconds while no step comes, and the last step
     always when the run ends."""
 
-    def __init__(self, run_dir: Path, interval: float = 15.0):
+    def __init__(self, run_dir: Path, interval: float = 15.0, evaluation: str | None = None):
+        """`evaluation`: what the evaluation before training covers (e.g. "50 prompts x 4 samples"), when one runs:
+        until the first step the line says it is under way, then its result."""
         self.metrics = run_dir / "trainer" / "metrics.jsonl"
+        self.evaluations = run_dir / "eval" / "summary.jsonl"
+        self.evaluation = evaluation
         self.interval = interval
         self.started = time.monotonic()
         self.samples = 0.0
@@ -66,7 +70,7 @@ class ProgressLine:
         if row is not None and row["step"] > self.seen_step:
             self.samples += row.get("samples", 0) * (row["step"] - self.seen_step)
             self.seen_step = row["step"]
-        line = describe(row, time.monotonic() - self.started, self.samples)
+        line = describe(row, time.monotonic() - self.started, self.samples, self.waiting() if row is None else "")
         if self.live is not None:
             self.live.update(Text(line))
             return
@@ -76,6 +80,15 @@ class ProgressLine:
                 (not final and now - self.last_print >= self.interval):
             self.last_print, self.printed_step = now, self.seen_step
             print(line, flush=True)
+
+    def waiting(self) -> str:
+        """What goes on before the first step: the evaluation of the starting weights, then its result."""
+        if self.evaluation is None:
+            return ""
+        done = last_row(self.evaluations)
+        if done is None:
+            return f" (evaluating the starting weights first: {self.evaluation})"
+        return f" (before training: pass@1 {done['pass@1']:.3f} on {done['prompts']} prompts)"
 
     def close(self) -> None:
         if self.live is not None:

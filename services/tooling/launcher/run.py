@@ -138,6 +138,23 @@ class Run:
         folder's split is its own (test by default)."""
         return {"path": path, **self.config.prompts_reading("columns", "skip_bad_rows")}
 
+    def evaluation_size(self, *, at_start: bool) -> str | None:
+        """What the first worker's evaluation of the held-out set covers ("50 prompts x 4 samples"), when it has
+        one (at_start: only when it evaluates the starting weights too)."""
+        path = self.run_dir / "configs" / "rollout-0.yaml"
+        if not path.exists():
+            return None
+        evaluation = load_config(RolloutServiceConfig, path).eval
+        heldout = evaluation.datasets.get("heldout")
+        if heldout is None or (at_start and not evaluation.at_start):
+            return None
+        from zerobubble.common.data import load_data
+
+        prompts = len(load_data(heldout, field="eval.datasets.heldout", default_split="test"))
+        if evaluation.max_prompts is not None:
+            prompts = min(prompts, evaluation.max_prompts)
+        return f"{prompts} prompts x {evaluation.samples_per_prompt} samples"
+
     def watch(self, trainer: ServiceProcess, progress: ProgressLine) -> None:
         """Until the trainer finishes, restarting what dies; raises ServiceFailed when a service dies with its
         restarts used up."""
@@ -201,6 +218,7 @@ def up(config: UpConfig, *, resume: bool = False, overwrite: bool = False, cache
     try:
         assets = prepare_assets(config, cache or config.run_dir.parent / ".assets")
         trainer = run.launch(assets)
+        progress.evaluation = run.evaluation_size(at_start=True)
         progress.start()
         run.watch(trainer, progress)
         progress.close()
@@ -231,7 +249,14 @@ def final_eval(run: Run, assets: RunAssets) -> None:
     from zerobubble.tooling.launcher.final_eval import evaluate_checkpoint
 
     reward = next(p for p in run.services if p.service == "reward")
-    evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward))
+    print(f"evaluating the last checkpoint on the held-out set ({run.evaluation_size(at_start=False)})", flush=True)
+    started = time.monotonic()
+    result = evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward))
+    if result is None:
+        print("the last checkpoint was evaluated during the run", flush=True)
+    else:
+        print(f"after training: pass@1 {result['pass@1']:.3f} (version {result['version']}, "
+              f"{time.monotonic() - started:.0f} s)", flush=True)
 
 
 def track_evaluations(run: Run) -> None:
