@@ -511,6 +511,12 @@ class Buffer:
             if version != self.policy_version:
                 self._log(Kind.VERSION, {"version": version})
                 self._cond.notify_all()
+            ahead = [group.version for group in self.store.queue.values() if group.version > version]
+        if ahead:
+            # Weights the trainer does not have made these: it went back to an older checkpoint, or it is another
+            # run's trainer on this buffer's log (a run folder reused without --resume).
+            log.warning("%d queued groups were sampled by policy versions up to %d, ahead of the trainer's %d: "
+                        "they will train with a negative staleness", len(ahead), max(ahead), version)
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
