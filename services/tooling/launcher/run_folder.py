@@ -10,6 +10,7 @@ from pathlib import Path
 
 from zerobubble.common.config import ConfigError
 from zerobubble.tooling.launcher.config import UpConfig
+from zerobubble.tooling.launcher.tether import in_use
 
 CONFIG = Path("configs") / "up.yaml"
 # Everything a run writes into its folder (up.lock stays: the launcher that replaces a run holds it).
@@ -23,7 +24,8 @@ def holds_run(run_dir: Path) -> bool:
 def check_fresh(config: UpConfig, *, overwrite: bool) -> None:
     """A new run needs a folder without a run in it, unless it is to replace that run."""
     run_dir = config.run_dir
-    if overwrite or not holds_run(run_dir):
+    # A live run in the folder is reported when up claims it (naming its processes), as for a resume.
+    if overwrite or in_use(run_dir) is not None or not holds_run(run_dir):
         return
     raise ConfigError(f"run_dir: {run_dir} holds a run already: continue it with --resume {run_dir}, start a new "
                       f"one in a fresh folder (--set run_dir=NEW_FOLDER), or replace it with --overwrite")
