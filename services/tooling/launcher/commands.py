@@ -16,28 +16,37 @@ def up_config(args) -> UpConfig:
     overrides = reference_overrides(args)
     overrides.update(parse_override(item) for item in args.set or [])
     if args.resume is not None:
-        path = saved_config(args.resume)
-        config = load_config(UpConfig, path, overrides)
-        check_resume(config, load_config(UpConfig, path))
-        return config
+        return resumed_config(args.resume, overrides)
     # A missing file (the demo's included) is an error from load_config, never a run on the schema's defaults.
     return load_config(UpConfig, args.config or DEMO_CONFIG, overrides)
 
 
+def resumed_config(run_dir: Path, overrides: dict) -> UpConfig:
+    """The run's own config with `overrides`, refused when they change what the run's checkpoints hold."""
+    path = saved_config(run_dir)
+    config = load_config(UpConfig, path, overrides)
+    check_resume(config, load_config(UpConfig, path))
+    return config
+
+
 def cmd_up(args) -> int:
+    return launch(up_config(args), resume=args.resume is not None, overwrite=args.overwrite)
+
+
+def launch(config: UpConfig, *, resume: bool, overwrite: bool) -> int:
+    """Every check, then the run (for `up` and the Python API); ConfigError before anything starts."""
     from zerobubble.tooling.launcher.preflight import preflight
 
-    config = up_config(args)
-    if args.resume is None:
-        check_fresh(config, overwrite=args.overwrite)
+    if not resume:
+        check_fresh(config, overwrite=overwrite)
     preflight(config)
-    if args.resume is not None and (reason := nothing_left(config)) is not None:
+    if resume and (reason := nothing_left(config)) is not None:
         print(f"zerobubble up: {reason}", flush=True)
         return 0
     # Imported once the input is known good: the pipeline brings torch, which a mistyped path need not wait for.
     from zerobubble.tooling.launcher.run import up
 
-    return up(config, resume=args.resume is not None, overwrite=args.overwrite)
+    return up(config, resume=resume, overwrite=overwrite)
 
 
 def register(subparsers) -> None:

@@ -27,6 +27,7 @@ from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
 from zerobubble.tooling.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.tooling.launcher.processes import ServiceFailed, ServiceProcess
 from zerobubble.tooling.launcher.progress import ProgressLine
+from zerobubble.tooling.launcher.run_folder import SUMMARY_FILE
 from zerobubble.tooling.launcher.run_folder import clear as clear_run_folder
 from zerobubble.tooling.launcher.supervisor import Supervisor
 from zerobubble.tooling.launcher.tether import RunFolderBusy, Tether
@@ -282,4 +283,6 @@ def finish(run_dir: Path, seconds: float) -> dict:
         summary["plot"] = str(plot_run(run_dir))
     except (OSError, ValueError) as exc:
         log.warning("no plot: %s", exc)
+    # Also a file, for scripts and the Python API.
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary) + "\n")
     return summary

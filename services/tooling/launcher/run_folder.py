@@ -14,7 +14,8 @@ from zerobubble.tooling.launcher.tether import in_use
 
 CONFIG = Path("configs") / "up.yaml"
 # Everything a run writes into its folder (up.lock stays: the launcher that replaces a run holds it).
-RUN_ENTRIES = ("configs", "logs", "eval", "trainer", "buffer-wal", "plot.png")
+SUMMARY_FILE = "summary.json"
+RUN_ENTRIES = ("configs", "logs", "eval", "trainer", "buffer-wal", "plot.png", SUMMARY_FILE)
 
 
 def holds_run(run_dir: Path) -> bool:
