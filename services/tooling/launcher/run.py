@@ -26,7 +26,7 @@ from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
 from zerobubble.tooling.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.tooling.launcher.processes import ServiceFailed, ServiceProcess
-from zerobubble.tooling.launcher.progress import ProgressLine
+from zerobubble.tooling.launcher.progress import ProgressLine, last_row
 from zerobubble.tooling.launcher.run_folder import SUMMARY_FILE
 from zerobubble.tooling.launcher.run_folder import clear as clear_run_folder
 from zerobubble.tooling.launcher.supervisor import Supervisor
@@ -250,7 +250,10 @@ def final_eval(run: Run, assets: RunAssets) -> None:
     from zerobubble.tooling.launcher.final_eval import evaluate_checkpoint
 
     reward = next(p for p in run.services if p.service == "reward")
-    print(f"evaluating the last checkpoint on the held-out set ({run.evaluation_size(at_start=False)})", flush=True)
+    before = last_row(run.run_dir / "eval" / "summary.jsonl")
+    estimate = f", about {before['seconds']:.0f} s as the last one took" if before and "seconds" in before else ""
+    print(f"evaluating the last checkpoint on the held-out set ({run.evaluation_size(at_start=False)}{estimate})",
+          flush=True)
     started = time.monotonic()
     result = evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward))
     if result is None:
