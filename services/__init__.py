@@ -1,9 +1,11 @@
-"""Zerobubble: RL fine-tuning on verifiable rewards as four gRPC services. `zerobubble.run(config)` is `zerobubble
-up` from Python (services/tooling/launcher/api.py)."""
+"""Zerobubble: reinforcement-learning fine-tuning on verifiable rewards as four gRPC services.
+
+`zerobubble.launch(...)` starts and follows a run from Python (services/tooling/api.py); the `zerobubble` command
+does the same from a shell."""
 
 
-def run(*args, **kwargs):
-    """See zerobubble.tooling.launcher.api.run (imported on call: importing the package stays light)."""
-    from zerobubble.tooling.launcher.api import run as _run
+def launch(config=None, **settings):
+    """See zerobubble.tooling.api.launch (imported when called: the light install has no launcher)."""
+    from zerobubble.tooling.api import launch as _launch
 
-    return _run(*args, **kwargs)
+    return _launch(config, **settings)

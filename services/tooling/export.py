@@ -1,77 +1,57 @@
-"""`zerobubble export RUN_DIR OUT`: the run's newest checkpoint as a plain Hugging Face model folder, loadable by
-`from_pretrained` anywhere: the weights (a LoRA adapter merged into its base), the model's config, tokenizer and
-generation files, and none of the training state (optimizer, scheduler, RNG, trainer state)."""
+"""`zerobubble export RUN_DIR OUT`: the run's final policy as a clean Hugging Face folder (weights, config,
+tokenizer; a LoRA run's adapter merged into its base), without optimizer, scheduler or RNG state, for any tool
+that loads HF models."""
 
 from __future__ import annotations
 
 import json
-import shutil
+import sys
 from pathlib import Path
 
-import yaml
-
 from zerobubble.common.config import ConfigError
+from zerobubble.common.lora_adapter import is_peft_adapter
+from zerobubble.trainer.checkpoints import STATE_FILE, latest_checkpoint
 
-# What a checkpoint holds for resuming, not for using the model.
-TRAINING_STATE = {"optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json"}
-ADAPTER_FILES = {"adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"}
+PROVENANCE_FILE = "zerobubble-export.json"
 
 
-def export(run_dir: Path, out: Path) -> dict:
-    from zerobubble.trainer.checkpoints import STATE_FILE, latest_checkpoint
-
+def export_policy(run_dir: Path, out: Path) -> dict:
+    """Writes the policy of `run_dir`'s latest complete checkpoint into `out` (new or empty); what was exported."""
     checkpoint = latest_checkpoint(run_dir / "trainer" / "checkpoints")
     if checkpoint is None:
-        raise ConfigError(f"RUN_DIR: {run_dir} has no complete checkpoint (trainer/checkpoints/step-*)")
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"OUT: {out} is not empty; give a new folder")
+        raise ConfigError(f"RUN_DIR: {run_dir} has no complete checkpoint (in {run_dir / 'trainer' / 'checkpoints'})")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"OUT: {out} exists and is not an empty folder")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if is_peft_adapter(checkpoint):
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(checkpoint).merge_and_unload()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(out)
     state = json.loads((checkpoint / STATE_FILE).read_text())
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    lora = (checkpoint / "adapter_config.json").exists()
-    skip = TRAINING_STATE | ADAPTER_FILES
-    for path in checkpoint.iterdir():
-        if path.is_file() and path.name not in skip:
-            shutil.copy2(path, partial / path.name)
-    if lora:
-        _merge_adapter(checkpoint, _base_model(run_dir), partial)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists():
-        out.rmdir()
-    partial.rename(out)
-    return {"out": str(out), "checkpoint": str(checkpoint), "step": state["step"],
-            "policy_version": state["policy_version"], "lora_merged": lora}
-
-
-def _base_model(run_dir: Path) -> Path:
-    """The base model the run's trainer loaded (what the adapter was trained on)."""
-    path = run_dir / "configs" / "trainer.yaml"
-    try:
-        return Path(yaml.safe_load(path.read_text())["model"])
-    except (OSError, KeyError, TypeError) as exc:
-        raise ConfigError(f"RUN_DIR: the base model of the adapter is named in {path}, which cannot be read: "
-                          f"{exc}") from None
-
-
-def _merge_adapter(checkpoint: Path, base: Path, out: Path) -> None:
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(model, checkpoint).merge_and_unload()
-    merged.save_pretrained(out, safe_serialization=True)
+    exported = {"run_dir": str(run_dir), "checkpoint": str(checkpoint), "step": state["step"],
+                "policy_version": state["policy_version"], "lora_merged": is_peft_adapter(checkpoint)}
+    (out / PROVENANCE_FILE).write_text(json.dumps(exported, indent=1) + "\n")
+    return exported
 
 
 def cmd_export(args) -> int:
-    print(json.dumps(export(args.run_dir, args.out)), flush=True)
+    try:
+        exported = export_policy(args.run_dir, args.out)
+    except ConfigError as exc:
+        print(f"zerobubble export: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({**exported, "out": str(args.out)}))
     return 0
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("export", help="write a run's newest checkpoint as a Hugging Face model folder "
-                                   "(LoRA merged, no optimizer state)")
+    parser = subparsers.add_parser("export", help="write a run's final policy as a Hugging Face model folder")
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    parser.add_argument("out", type=Path, metavar="OUT", help="a new folder")
+    parser.add_argument("out", type=Path, metavar="OUT", help="a new (or empty) folder")
     parser.set_defaults(run=cmd_export)

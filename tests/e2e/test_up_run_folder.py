@@ -50,11 +50,12 @@ def test_a_run_folder_holds_one_run(tmp_path):
     result = json.loads(fresh.stdout.strip().splitlines()[-1])
     assert result["version_after"] == 0 and result["version_before"] == 0
 
-    # The run's newest checkpoint, evaluated with the run's own settings.
+    # The run's checkpoint, evaluated as the run's own evaluations are.
     held_out = next((tmp_path / ".assets").glob("arithmetic-*/eval.jsonl"))
-    scored = subprocess.run([sys.executable, "-m", "zerobubble", "eval", str(run_dir), "--data", str(held_out),
-                             "--samples", "2"], cwd=REPO, env=service_env(), capture_output=True, text=True,
-                            timeout=300)
+    scored = subprocess.run([sys.executable, "-m", "zerobubble", "eval", str(run_dir / "trainer" / "checkpoints" /
+                             "step-000001"), "--data", str(held_out), "--run", str(run_dir), "--samples", "2",
+                             "--out", str(tmp_path / "scored")], cwd=REPO, env=service_env(), capture_output=True,
+                            text=True, timeout=300)
     assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
     summary = json.loads(scored.stdout.strip().splitlines()[-1])
-    assert summary["version"] == 1 and summary["n"] == 2 and summary["prompts"] == SMALL_RUN["task.eval_size"]
+    assert summary["n"] == 2 and summary["prompts"] == SMALL_RUN["task.eval_size"]
