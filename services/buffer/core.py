@@ -439,9 +439,17 @@ class Buffer:
     def _take(self, stream: PullStream) -> Pulled | None:
         self._return_overdue()
         group = self.store.peek()
-        while group is not None and is_stale(group.version, self.policy_version, self.config.run_spec.max_staleness):
+        max_staleness = self.config.run_spec.max_staleness
+        dropped: list[int] = []
+        while group is not None and is_stale(group.version, self.policy_version, max_staleness):
             self._log(Kind.STALE, {"gid": group.gid})
+            dropped.append(group.version)
             group = self.store.peek()
+        if dropped:
+            # One line a batch, not a group: a worker that ran on after its trainer can leave hundreds.
+            log.info("dropped %d groups as stale (policy versions %d to %d, more than run.max_staleness=%d behind "
+                     "%d); %d dropped so far", len(dropped), min(dropped), max(dropped), max_staleness,
+                     self.policy_version, self.counters.stale_dropped)
         if group is not None:
             payload = group.payload if group.payload is not None else self.wal.read(group.location).blob
             delivery = self.store.next_delivery
@@ -503,6 +511,12 @@ class Buffer:
             if version != self.policy_version:
                 self._log(Kind.VERSION, {"version": version})
                 self._cond.notify_all()
+            ahead = [group.version for group in self.store.queue.values() if group.version > version]
+        if ahead:
+            # Weights the trainer does not have made these: it went back to an older checkpoint, or it is another
+            # run's trainer on this buffer's log (a run folder reused without --resume).
+            log.warning("%d queued groups were sampled by policy versions up to %d, ahead of the trainer's %d: "
+                        "they will train with a negative staleness", len(ahead), max(ahead), version)
 
     def stats(self) -> dict[str, Any]:
         with self._cond:

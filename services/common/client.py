@@ -11,10 +11,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from zerobubble.common.config import ClientConfig
+from zerobubble.common.config import ClientConfig, ConfigError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+# How often a service waiting for a peer at its start says so.
+WAITING_LOG_SECONDS = 10.0
+
+
+class PeerUnreachable(ConfigError):
+    """A peer a service needs at its start did not answer within its client's retry_seconds."""
 
 
 def open_channel(config: ClientConfig) -> grpc.Channel:
@@ -86,6 +92,31 @@ class ServiceClient:
 
         retry = self.retries if retry is None else retry
         return retry_unavailable(attempt, retry_seconds=self.config.retry_seconds if retry else 0)
+
+    def first_call(self, method: str, request: Any, *, peer: str, field: str, timeout: float | None = None) -> Any:
+        """A service's first call to a peer that may not be up yet (started by hand, in any order): while it is
+        unavailable a line says so every WAITING_LOG_SECONDS, and after `retry_seconds` PeerUnreachable names the
+        address and the config `field` that gave it."""
+        rpc = getattr(self.stub, method)
+        said = [0.0]
+
+        def attempt():
+            try:
+                return rpc(request, timeout=timeout or self.config.timeout_seconds, metadata=self.metadata)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() - said[0] >= WAITING_LOG_SECONDS:
+                    said[0] = time.monotonic()
+                    log.info("waiting for the %s at %s (%s.address)", peer, self.config.address, field)
+                raise
+
+        try:
+            return retry_unavailable(attempt, retry_seconds=self.config.retry_seconds)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            raise PeerUnreachable(f"{field}.address: no {peer} answered at {self.config.address} within "
+                                  f"{self.config.retry_seconds:g} s ({field}.retry_seconds): start it first, or "
+                                  "correct the address") from None
 
     def stream(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
         """A streaming call with a deadline over the whole stream (not retried: it may be half done)."""

@@ -45,6 +45,9 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # One encoder for every row: json.dumps with options builds a new one per call.
 _to_json = json.JSONEncoder(ensure_ascii=False).encode
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
+# What load_dataset reads from a folder of data files.
+_FOLDER_SUFFIXES = {**_SUFFIXES, ".csv": "csv", ".tsv": "csv", ".arrow": "arrow"}
+_FOLDER_METADATA = {"dataset_infos.json", "dataset_info.json", "dataset_dict.json", "state.json"}
 
 
 class DataError(ConfigError):
@@ -174,6 +177,8 @@ class RowReader:
         self.source_keys = keys(columns.data_source_key, DATA_SOURCE_KEYS)
         self.system_prompt = columns.system_prompt
         self.field = field
+        # Which column gave each field, over the rows read: what a data summary reports.
+        self.used: dict[str, set[str]] = {"prompt": set(), "answer": set(), "test_cases": set(), "data_source": set()}
 
     @staticmethod
     def _first(row: dict, keys: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, Any]:
@@ -215,6 +220,10 @@ class RowReader:
         source_key, source = self._first(row, self.source_keys)
         if source is not None and not isinstance(source, str):
             raise BadRow(f"{source_key}: expected a string")
+        self.used["prompt"].add(key)
+        self.used["answer" if answer is not None else "test_cases"].add(answer_key if answer is not None else tests_key)
+        if source is not None:
+            self.used["data_source"].add(source_key)
         return (str(raw_id), _to_json(messages),
                 None if answer is None else str(answer),
                 None if tests is None else _test_cases(tests, tests_key), source)
@@ -408,6 +417,21 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
         raise DataError(f"{path}: not a readable parquet file: {exc}") from None
 
 
+def _one_format(path: Path, field: str) -> None:
+    """load_dataset reads a folder's files of its most common format and ignores the others: a folder that mixes
+    formats would train on whichever it guessed."""
+    found: dict[str, list[str]] = {}
+    for file in sorted(path.rglob("*")):
+        kind = _FOLDER_SUFFIXES.get(file.suffix.lower())
+        hidden = any(part.startswith(".") for part in file.relative_to(path).parts)
+        if kind and file.is_file() and not hidden and file.name not in _FOLDER_METADATA:
+            found.setdefault(kind, []).append(str(file.relative_to(path)))
+    if len(found) > 1:
+        listed = "; ".join(f"{kind}: {', '.join(files[:3])}" for kind, files in found.items())
+        raise DataError(f"{field}.path: {path} holds data files of {len(found)} formats ({listed}), and only one "
+                        "would be read: give the file itself, or a folder of one format")
+
+
 def _folder_rows(path: Path, split: str | None, default_split: str, field: str) -> Iterator[tuple[int, Any, None]]:
     """A Hugging Face `datasets` folder: save_to_disk's (memory-mapped Arrow) or data files load_dataset reads."""
     try:
@@ -420,6 +444,7 @@ def _folder_rows(path: Path, split: str | None, default_split: str, field: str) 
         if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
             data = datasets.load_from_disk(str(path))
         else:
+            _one_format(path, field)
             data = datasets.load_dataset(str(path.resolve()))
     except (ValueError, FileNotFoundError, datasets.exceptions.DatasetGenerationError) as exc:
         raise DataError(f"{field}.path: {path} is not a data set folder that datasets can read: {exc}") from None
@@ -438,6 +463,27 @@ def _folder_rows(path: Path, split: str | None, default_split: str, field: str) 
         for values in zip(*batch.values(), strict=True):
             number += 1
             yield number, dict(zip(keys, values, strict=True)), None
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What reading a set found: for the summary `up` prints before it starts."""
+
+    path: Path
+    format: str
+    rows: int
+    complete: bool  # False: the check stopped at its deadline, and `rows` are the first ones
+    skipped: int
+    columns: dict[str, list[str]]
+
+    def describe(self) -> str:
+        rows = f"{self.rows} rows" if self.complete else f"{self.rows}+ rows (the first ones checked)"
+        used = ", ".join(f"{name} <- {' | '.join(keys)}" for name, keys in self.columns.items() if keys)
+        return f"{self.path} ({self.format}): {rows}, {self.skipped} skipped; columns: {used}"
+
+
+def data_format(path: Path) -> str:
+    return "datasets folder" if path.is_dir() else _SUFFIXES.get(path.suffix.lower(), "unknown")
 
 
 def _rows(spec: DataSpec, default_split: str, field: str) -> tuple[Iterator[tuple[int, Any, str | None]], str]:
@@ -470,13 +516,23 @@ def check_data(spec: DataSpec, *, field: str, default_split: str, seconds: float
     """What load_data would refuse, found before anything expensive starts: the rows read within `seconds` (all of
     a small set, the start of a big one) are checked as load_data checks them, with the same DataError. True when
     every row was read."""
-    return _load(spec, field=field, default_split=default_split, deadline=time.monotonic() + seconds)[1]
+    return inspect_data(spec, field=field, default_split=default_split, seconds=seconds).complete
 
 
-def _load(spec: DataSpec, *, field: str, default_split: str, deadline: float | None) -> tuple[DataSet, bool]:
+def inspect_data(spec: DataSpec, *, field: str, default_split: str, seconds: float) -> DataSummary:
+    """check_data's reading, and what it found: the format, the rows, the bad rows left out, the columns used."""
+    reader = RowReader(spec.columns, field)
+    data, complete = _load(spec, field=field, default_split=default_split, deadline=time.monotonic() + seconds,
+                           reader=reader)
+    return DataSummary(spec.path, data_format(spec.path), len(data), complete, data.skipped,
+                       {name: sorted(keys) for name, keys in reader.used.items()})
+
+
+def _load(spec: DataSpec, *, field: str, default_split: str, deadline: float | None,
+          reader: RowReader | None = None) -> tuple[DataSet, bool]:
     """The set's usable rows, and whether they are all of them (reading stops at `deadline`)."""
     rows, label = _rows(spec, default_split, field)
-    reader = RowReader(spec.columns, field)
+    reader = reader or RowReader(spec.columns, field)
     builder, bad = _Builder(), BadRows(spec.path, label)
     total = 0
     complete = True

@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
-from zerobubble.common.config import ServerConfig
+from zerobubble.common.config import ConfigError, ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +259,10 @@ class SingleRequests(grpc.aio.ServerInterceptor):
             serve, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
 
+class CannotListen(ConfigError, OSError):
+    """The address a server is configured to listen on is taken (or not this machine's): the field is named."""
+
+
 class ServiceHost:
     """Hosts one service's servicers on a real socket.
 
@@ -330,9 +334,13 @@ class ServiceHost:
     def start(self) -> ServiceHost:
         credentials = server_credentials(self.config)
         if self.config.metrics_port is not None:
-            self._metrics_server, _ = start_http_server(
-                self.config.metrics_port, addr=self.config.metrics_host, registry=self.registry
-            )
+            try:
+                self._metrics_server, _ = start_http_server(
+                    self.config.metrics_port, addr=self.config.metrics_host, registry=self.registry
+                )
+            except OSError as exc:
+                raise CannotListen(f"server.metrics_port: {self.name} cannot serve metrics on "
+                                   f"{self.config.metrics_host}:{self.config.metrics_port} ({exc.strerror})") from None
             self.metrics_port = self._metrics_server.server_port
         self._grpc_loop = asyncio.new_event_loop()
         # asyncio.to_thread in a handler runs on the host's threads.
@@ -377,7 +385,8 @@ class ServiceHost:
                 self.port = self._server.add_secure_port(self.config.listen, credentials)
         except RuntimeError as exc:
             await self._server.stop(None)
-            raise OSError(f"{self.name}: cannot listen on {self.config.listen} ({exc})") from None
+            raise CannotListen(f"server.listen: {self.name} cannot listen on {self.config.listen}: another process "
+                               f"has the port, or the host is not this machine's ({exc})") from None
         await self._server.start()
         for service in ["", *names]:
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from zerobubble.common import errors
+from zerobubble.common.server import CannotListen
 from zerobubble.common.status import status_of
 from zerobubble.reward import http_contracts as contracts
 from zerobubble.reward.config import RewardServiceConfig
@@ -249,7 +250,8 @@ class RewardHttp:
             await site.start()
         except OSError as exc:
             await self._runner.cleanup()
-            raise OSError(f"reward: cannot listen on http.listen={self.config.http.listen} ({exc})") from None
+            raise CannotListen(f"http.listen: reward cannot listen on {self.config.http.listen}: another process has "
+                               f"the port, or the host is not this machine's ({exc.strerror})") from None
         self.port = self._runner.addresses[0][1]
 
     def stop(self) -> None:

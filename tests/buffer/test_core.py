@@ -94,6 +94,35 @@ def test_stale_groups_are_dropped_at_pull_time(open_buffer):
     assert buffer.stats()["stale_dropped"] == 1
 
 
+def test_stale_drops_are_logged_once_a_batch_with_their_versions(open_buffer, caplog):
+    buffer = open_buffer(prompts=6, run_spec__max_staleness=1)
+    prompts = buffer.lease_prompts("w", 6).prompts
+    for sequence, (prompt, version) in enumerate(zip(prompts, (0, 1, 2, 3, 6, 6), strict=True)):
+        buffer.push(make_group(prompt, "w", sequence, version=version))
+    buffer.set_policy_version(6)
+    with caplog.at_level("INFO", logger="zerobubble.buffer.core"):
+        assert len(pulled_groups(buffer, 5)) == 2
+    lines = [r.getMessage() for r in caplog.records if "stale" in r.getMessage()]
+    assert lines == ["dropped 4 groups as stale (policy versions 0 to 3, more than run.max_staleness=1 behind 6); "
+                     "4 dropped so far"]
+
+
+def test_a_trainer_going_back_behind_queued_groups_is_warned_about(open_buffer, caplog):
+    buffer = open_buffer(prompts=3)
+    prompts = buffer.lease_prompts("w", 3).prompts
+    buffer.set_policy_version(20)
+    for sequence, prompt in enumerate(prompts):
+        buffer.push(make_group(prompt, "w", sequence, version=20 - sequence))
+    with caplog.at_level("WARNING", logger="zerobubble.buffer.core"):
+        buffer.set_policy_version(19)
+        buffer.set_policy_version(0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "1 queued groups were sampled by policy versions up to 20, ahead of the trainer's 19: they will train "
+        "with a negative staleness",
+        "3 queued groups were sampled by policy versions up to 20, ahead of the trainer's 0: they will train "
+        "with a negative staleness"]
+
+
 def test_few_surviving_groups_do_not_hang_the_trainer(open_buffer):
     buffer = open_buffer(prompts=4, run_spec__filter_range=[0.01, 0.99])
     prompts = buffer.lease_prompts("w", 4).prompts

@@ -79,3 +79,14 @@ def test_warm_start_lowers_the_loss_saves_in_place_and_is_scored(tmp_path):
     other_gold = write_rows(tmp_path / "other.jsonl", {"3+4=": "8"})
     assert evaluate(model_dir, other_gold, samples_per_prompt=2, temperature=0.0, max_new_tokens=12,
                     system_prompt=NO_SYSTEM_PROMPT)["accuracy"] == 0.0
+
+
+def test_warm_start_reports_its_progress_with_an_estimate(tmp_path, two_questions, caplog):
+    model_dir = make_tiny_model(tmp_path / "m", size="1m", seed=0)
+    with caplog.at_level("INFO", logger="zerobubble.tooling.tiny.warm_start"):
+        warm_start(model_dir, two_questions, steps=5, batch_size=2, system_prompt=NO_SYSTEM_PROMPT,
+                   report_seconds=3600)
+    lines = [record.getMessage() for record in caplog.records]
+    # The first step (so the estimate shows at once) and the last; nothing between within the interval.
+    assert [line.split(",")[0] for line in lines] == ["warm start: step 1/5", "warm start: step 5/5"]
+    assert "s left" in lines[0] and lines[1].endswith("about 0 s left")

@@ -124,7 +124,8 @@ class BufferClient(ServiceClient):
     def run_spec(self, *, timeout: float | None = None) -> RunSpec:
         """The run's spec as the buffer holds it; ConfigError when this version cannot read it."""
         # At a service's start, before it has anything to stop: the buffer may be starting too.
-        reply = self.unary("GetRunSpec", buffer_pb2.GetRunSpecRequest(), timeout=timeout, retry=True)
+        reply = self.first_call("GetRunSpec", buffer_pb2.GetRunSpecRequest(), peer="buffer", field="buffer",
+                                timeout=timeout)
         try:
             return RunSpec.model_validate_json(reply.spec_json)
         except ValidationError as exc:

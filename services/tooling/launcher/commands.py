@@ -1,4 +1,5 @@
-"""`zerobubble up [--config FILE|NAME] [--set KEY=VALUE] [rl_example.py flags] [--resume RUN_DIR] [--dry-run]`."""
+"""`zerobubble up [--config FILE|NAME] [--set KEY=VALUE] [rl_example.py flags] [--resume RUN_DIR | --overwrite]
+[--dry-run]`."""
 
 from __future__ import annotations
 
@@ -8,16 +9,14 @@ from zerobubble.common.config import ConfigError, load_config, parse_override
 from zerobubble.tooling.configs import DEMO, GENERAL, named, shipped_names
 from zerobubble.tooling.launcher.config import UpConfig
 from zerobubble.tooling.launcher.reference_flags import add_reference_flags, reference_flags, reference_overrides
+from zerobubble.tooling.launcher.run_folder import check_fresh, check_resume, nothing_left, saved_config
 
 
 def base_config(args, overrides: dict) -> Path:
     """The file a run starts from: the run's own on --resume, --config (a file or a shipped config's name), the
     demo when nothing of the user's is given, and the general default for a user's own model or data."""
     if args.resume is not None:
-        path = args.resume / "configs" / "up.yaml"
-        if not path.exists():
-            raise ConfigError(f"--resume {args.resume}: no run there ({path} is missing)")
-        return path
+        return saved_config(args.resume)
     if args.config is not None:
         path = named(args.config)
         if not path.exists():
@@ -31,22 +30,33 @@ def up_config(args) -> UpConfig:
     """The base config, then rl_example.py flags, then --set."""
     overrides = reference_overrides(args)
     overrides.update(parse_override(item) for item in args.set or [])
-    return load_config(UpConfig, base_config(args, overrides), overrides)
+    base = base_config(args, overrides)
+    config = load_config(UpConfig, base, overrides)
+    if args.resume is not None:
+        # Refused when the overrides change what the run's checkpoints hold.
+        check_resume(config, load_config(UpConfig, base))
+    return config
 
 
 def cmd_up(args) -> int:
     from zerobubble.tooling.launcher.preflight import preflight
 
     config = up_config(args)
+    resume = args.resume is not None
+    if not resume:
+        check_fresh(config, overwrite=args.overwrite)
     derived = preflight(config)
     print(effective_run(args, config, derived), flush=True)
     if args.dry_run:
         print("zerobubble up: --dry-run: nothing was started", flush=True)
         return 0
+    if resume and (reason := nothing_left(config)) is not None:
+        print(f"zerobubble up: {reason}", flush=True)
+        return 0
     # Imported once the input is known good: the pipeline brings torch, which a mistyped path need not wait for.
     from zerobubble.tooling.launcher.run import up
 
-    return up(config, resume=args.resume is not None)
+    return up(config, resume=resume, overwrite=args.overwrite)
 
 
 def register(subparsers) -> None:
@@ -56,7 +66,10 @@ def register(subparsers) -> None:
                              "default: the demo, or `general` when -m or -d is given")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a field, e.g. pipeline.rollout_workers=2 or trainer.max_steps=10")
-    parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a stopped run")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a stopped run (same model)")
+    start.add_argument("--overwrite", action="store_true",
+                       help="replace the run that run_dir holds (its checkpoints, logs and metrics) with a new one")
     parser.add_argument("--dry-run", action="store_true",
                         help="print every setting that differs from its default, where it came from and what is "
                              "derived, check the run as `up` would, and exit without starting anything")

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from zerobubble.common.config import ConfigError
-from zerobubble.common.data import HUB_ID, DataError, DataSpec, check_data
+from zerobubble.common.data import HUB_ID, DataError, DataSpec, inspect_data
 from zerobubble.tooling.launcher.assets import RunAssets
 from zerobubble.tooling.launcher.config import UpConfig, validated
 from zerobubble.tooling.launcher.effective import Setting, derived_settings
@@ -24,6 +24,7 @@ def preflight(config: UpConfig) -> list[Setting]:
     derives (the schedule's length, the model's identity)."""
     if config.model is not None:
         check_model(config.model)
+    check_verifiers(config)
     check_run_data(config)
     trees = check_services(config)
     return derived_settings(trees.get("trainer", {}), trees.get("buffer", {}).get("run_spec", {}))
@@ -31,11 +32,12 @@ def preflight(config: UpConfig) -> list[Setting]:
 
 def check_model(model: Path) -> None:
     if not model.exists():
-        hint = "no such folder"
-        if HUB_ID.fullmatch(str(model)):
-            hint = (f"{str(model)!r} looks like a Hugging Face hub id, and models from the hub need network: download "
-                    f"it first (huggingface-cli download {model} --local-dir DIR) and give the folder")
-        raise ConfigError(f"model: {model}: {hint}")
+        if looks_like_hub_id(model):
+            raise ConfigError(f"model: {model}: {str(model)!r} looks like a Hugging Face hub id, and models from the "
+                              f"hub need network: download it first (huggingface-cli download {model} --local-dir "
+                              "DIR) and give the folder")
+        shown = model if model.is_absolute() or model.parts[0] == ".." else f"./{model}"
+        raise ConfigError(f"model: no such folder {shown} (model)")
     if not model.is_dir():
         raise ConfigError(f"model: {model} is a file; expected a Hugging Face model folder (with config.json)")
     try:
@@ -44,6 +46,24 @@ def check_model(model: Path) -> None:
         raise ConfigError(f"model: {model} has no config.json: not a Hugging Face model folder") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"model: {model}/config.json cannot be read: {exc}") from None
+
+
+def looks_like_hub_id(model: Path) -> bool:
+    """owner/name, where no folder `owner` is here: a mistyped path under an existing folder is a path."""
+    return bool(HUB_ID.fullmatch(str(model))) and not Path(model.parts[0]).exists()
+
+
+def check_verifiers(config: UpConfig) -> None:
+    """Every verifier the run routes rows to is one the reward service has (else every group fails to score)."""
+    from zerobubble.reward.config import RewardServiceConfig
+
+    known = validated(RewardServiceConfig, config.reward, "reward section").ground_truths()
+    for field, name in [("run.verifier", config.run.verifier),
+                        *((f"run.by_data_source.{source}", name) for source, name in
+                          config.run.by_data_source.items())]:
+        if name not in known:
+            raise ConfigError(f"{field}: unknown verifier {name!r} (known: {', '.join(sorted(known))}; "
+                              "reward.custom_verifiers adds others)")
 
 
 def check_run_data(config: UpConfig) -> None:
@@ -55,9 +75,12 @@ def check_run_data(config: UpConfig) -> None:
             continue
         spec = validated(DataSpec, {"path": path, **reading}, "buffer.prompts")
         try:
-            check_data(spec, field="buffer.prompts", default_split=default_split, seconds=DATA_CHECK_SECONDS)
+            found = inspect_data(spec, field="buffer.prompts", default_split=default_split,
+                                 seconds=DATA_CHECK_SECONDS)
         except DataError as exc:
             raise ConfigError(f"{name}: {exc}") from None
+        # Which file, read how: a wrong guess (a column, a format, a split) shows before the run, not after it.
+        print(f"{name}: {found.describe()}", flush=True)
 
 
 def check_services(config: UpConfig) -> dict[str, dict]:

@@ -28,44 +28,71 @@ def last_row(path: Path) -> dict | None:
     return None
 
 
-def describe(row: dict | None, elapsed: float, samples: float) -> str:
+def describe(row: dict | None, elapsed: float, samples: float, waiting: str = "") -> str:
     if row is None:
-        return f"[{elapsed:6.0f}s] waiting for the first training step"
+        return f"[{elapsed:6.0f}s] waiting for the first training step{waiting}"
     return (f"[{elapsed:6.0f}s] step {row['step']}  reward {row.get('reward_mean', 0):.3f}  "
             f"accuracy {row.get('answer_accuracy', 0):.3f}  policy v{row['policy_version']}  "
             f"staleness {row.get('staleness_mean', 0):.2f}  {samples / elapsed if elapsed else 0:.1f} samples/s")
 
 
 class ProgressLine:
-    """One line redrawn in place on a terminal; a plain line every 15 s otherwise (logs, CI)."""
+    """One line redrawn in place on a terminal. Otherwise (a log file, CI, tee) a plain line for each new step, at
+    most one every `interval` seconds, a line every `interval` seconds while no step comes, and the last step
+    always when the run ends."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, interval: float = 15.0, evaluation: str | None = None):
+        """`evaluation`: what the evaluation before training covers (e.g. "50 prompts x 4 samples"), when one runs:
+        until the first step the line says it is under way, then its result."""
         self.metrics = run_dir / "trainer" / "metrics.jsonl"
+        self.evaluations = run_dir / "eval" / "summary.jsonl"
+        self.evaluation = evaluation
+        self.interval = interval
         self.started = time.monotonic()
         self.samples = 0.0
         self.seen_step = 0
+        self.printed_step = 0
         self.live: Live | None = None
         self.last_print = 0.0
 
     def start(self) -> None:
         self.started = time.monotonic()
+        # A resumed run's earlier steps were not made in this launcher's time: the rate counts only new ones.
+        row = last_row(self.metrics)
+        self.seen_step = self.printed_step = row["step"] if row is not None else 0
+        self.last_print = self.started
         if sys.stdout.isatty():
             self.live = Live(Text(""), console=Console(), refresh_per_second=2, transient=False)
             self.live.start()
 
-    def refresh(self) -> None:
+    def refresh(self, *, final: bool = False) -> None:
         row = last_row(self.metrics)
         if row is not None and row["step"] > self.seen_step:
             self.samples += row.get("samples", 0) * (row["step"] - self.seen_step)
             self.seen_step = row["step"]
-        line = describe(row, time.monotonic() - self.started, self.samples)
+        line = describe(row, time.monotonic() - self.started, self.samples, self.waiting() if row is None else "")
         if self.live is not None:
             self.live.update(Text(line))
-        elif time.monotonic() - self.last_print > 15:
-            self.last_print = time.monotonic()
+            return
+        now = time.monotonic()
+        new_step = self.seen_step > self.printed_step
+        if (new_step and (final or now - self.last_print >= min(self.interval, 1.0))) or \
+                (not final and now - self.last_print >= self.interval):
+            self.last_print, self.printed_step = now, self.seen_step
             print(line, flush=True)
+
+    def waiting(self) -> str:
+        """What goes on before the first step: the evaluation of the starting weights, then its result."""
+        if self.evaluation is None:
+            return ""
+        done = last_row(self.evaluations)
+        if done is None:
+            return f" (evaluating the starting weights first: {self.evaluation})"
+        return f" (before training: pass@1 {done['pass@1']:.3f} on {done['prompts']} prompts)"
 
     def close(self) -> None:
         if self.live is not None:
             self.live.stop()
             self.live = None
+        else:
+            self.refresh(final=True)

@@ -26,7 +26,9 @@ from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
 from zerobubble.tooling.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.tooling.launcher.processes import ServiceFailed, ServiceProcess
-from zerobubble.tooling.launcher.progress import ProgressLine
+from zerobubble.tooling.launcher.progress import ProgressLine, last_row
+from zerobubble.tooling.launcher.run_folder import SUMMARY_FILE
+from zerobubble.tooling.launcher.run_folder import clear as clear_run_folder
 from zerobubble.tooling.launcher.supervisor import Supervisor
 from zerobubble.tooling.launcher.tether import RunFolderBusy, Tether
 from zerobubble.trainer.config import BatchConfig, TrainerServiceConfig
@@ -137,6 +139,23 @@ class Run:
         folder's split is its own (test by default)."""
         return {"path": path, **self.config.prompts_reading("columns", "skip_bad_rows")}
 
+    def evaluation_size(self, *, at_start: bool) -> str | None:
+        """What the first worker's evaluation of the held-out set covers ("50 prompts x 4 samples"), when it has
+        one (at_start: only when it evaluates the starting weights too)."""
+        path = self.run_dir / "configs" / "rollout-0.yaml"
+        if not path.exists():
+            return None
+        evaluation = load_config(RolloutServiceConfig, path).eval
+        heldout = evaluation.datasets.get("heldout")
+        if heldout is None or (at_start and not evaluation.at_start):
+            return None
+        from zerobubble.common.data import load_data
+
+        prompts = len(load_data(heldout, field="eval.datasets.heldout", default_split="test"))
+        if evaluation.max_prompts is not None:
+            prompts = min(prompts, evaluation.max_prompts)
+        return f"{prompts} prompts x {evaluation.samples_per_prompt} samples"
+
     def watch(self, trainer: ServiceProcess, progress: ProgressLine) -> None:
         """Until the trainer finishes, restarting what dies; raises ServiceFailed when a service dies with its
         restarts used up."""
@@ -189,14 +208,17 @@ def _interrupt(signum, _frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-def up(config: UpConfig, *, resume: bool = False, cache: Path | None = None) -> int:
+def up(config: UpConfig, *, resume: bool = False, overwrite: bool = False, cache: Path | None = None) -> int:
     """Run the pipeline to the end; returns the exit code (0 done, 1 a service failed or the run folder is in use,
-    130 interrupted)."""
+    130 interrupted). `overwrite` first clears what an earlier run left in the folder."""
     try:
         run = Run(config, resume=resume, tether=Tether.hold(config.run_dir))
     except RunFolderBusy as exc:
         print(f"zerobubble up: {exc}", flush=True)
         return 1
+    if overwrite:
+        log.info("--overwrite: removing the earlier run in %s", config.run_dir)
+        clear_run_folder(config.run_dir)
     write_yaml(config.run_dir / "configs" / "up.yaml", config.model_dump(mode="json"))
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
@@ -204,6 +226,7 @@ def up(config: UpConfig, *, resume: bool = False, cache: Path | None = None) -> 
     try:
         assets = prepare_assets(config, cache or config.run_dir.parent / ".assets")
         trainer = run.launch(assets)
+        progress.evaluation = run.evaluation_size(at_start=True)
         progress.start()
         run.watch(trainer, progress)
         progress.close()
@@ -234,7 +257,17 @@ def final_eval(run: Run, assets: RunAssets) -> None:
     from zerobubble.tooling.launcher.final_eval import evaluate_checkpoint
 
     reward = next(p for p in run.services if p.service == "reward")
-    evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward))
+    before = last_row(run.run_dir / "eval" / "summary.jsonl")
+    estimate = f", about {before['seconds']:.0f} s as the last one took" if before and "seconds" in before else ""
+    print(f"evaluating the last checkpoint on the held-out set ({run.evaluation_size(at_start=False)}{estimate})",
+          flush=True)
+    started = time.monotonic()
+    result = evaluate_checkpoint(run.run_dir, assets.eval, run.client_config(reward))
+    if result is None:
+        print("the last checkpoint was evaluated during the run", flush=True)
+    else:
+        print(f"after training: pass@1 {result['pass@1']:.3f} (version {result['version']}, "
+              f"{time.monotonic() - started:.0f} s)", flush=True)
 
 
 def track_evaluations(run: Run) -> None:
@@ -260,4 +293,6 @@ def finish(run_dir: Path, seconds: float) -> dict:
         summary["plot"] = str(plot_run(run_dir))
     except (OSError, ValueError) as exc:
         log.warning("no plot: %s", exc)
+    # Also a file, for scripts and the Python API.
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary) + "\n")
     return summary

@@ -53,8 +53,7 @@ class Tether:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RunFolderBusy(f"{run_dir} is in use by a run that is still alive: {live_holders(path)}; stop it "
-                                "(or let it finish) first, or choose another run_dir") from None
+            raise RunFolderBusy(_busy(run_dir)) from None
         return cls(fd, *os.pipe())
 
     @property
@@ -80,6 +79,27 @@ class Tether:
         """The launcher lets go; services still running see end-of-file and stop."""
         for fd in (self._write_fd, self._read_fd, self._lock_fd):
             os.close(fd)
+
+
+def in_use(run_dir: Path) -> str | None:
+    """Why `run_dir` cannot be claimed now (live processes of a run hold it), or None; claims nothing."""
+    path = run_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _busy(run_dir)
+    finally:
+        os.close(fd)
+    return None
+
+
+def _busy(run_dir: Path) -> str:
+    return (f"{run_dir} is in use by a run that is still alive: {live_holders(run_dir / LOCK_FILE)}; stop it (or "
+            "let it finish) first, or choose another run_dir")
 
 
 def live_holders(path: Path) -> str:

@@ -13,6 +13,7 @@ held-out arithmetic facts from a few minutes of rewards, but sharpening carries 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from zerobubble.tooling.tiny.task import TaskRow, chat_messages, read_task, targ
 
 IGNORE_INDEX = -100
 # Measured on the default arithmetic task with the "1m" model (see the report of `zerobubble make-tiny-model`).
+log = logging.getLogger(__name__)
 DEFAULT_STEPS = 300
 DEFAULT_LABEL_SMOOTHING = 0.1
 
@@ -73,10 +75,12 @@ def warm_start(
     batch_size: int = 32,
     label_smoothing: float = DEFAULT_LABEL_SMOOTHING,
     system_prompt: str,
+    report_seconds: float = 10.0,
 ) -> dict:
     """Fine-tune the model in model_dir on the task's targets for `steps` AdamW steps; save it in place.
 
-    system_prompt: the one the rollout workers will send (empty: none), so the warm start sees their prompts."""
+    system_prompt: the one the rollout workers will send (empty: none), so the warm start sees their prompts.
+    A line is logged after the first step and then every `report_seconds` (it takes minutes on a CPU)."""
     model_dir = Path(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -91,7 +95,8 @@ def warm_start(
     losses: list[float] = []
     model.train()
     started = time.perf_counter()
-    for _ in range(steps):
+    reported = None
+    for step in range(1, steps + 1):
         picks = torch.randint(len(examples), (batch_size,), generator=generator).tolist()
         batch = collate([examples[i] for i in picks], tokenizer.pad_token_id)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -103,6 +108,11 @@ def warm_start(
         optimizer.step()
         schedule.step()
         losses.append(loss.item())
+        now = time.perf_counter()
+        if reported is None or now - reported >= report_seconds or step == steps:
+            reported = now
+            left = (now - started) / step * (steps - step)
+            log.info("warm start: step %d/%d, loss %.3f, about %.0f s left", step, steps, losses[-1], left)
     seconds = time.perf_counter() - started
     model.eval()
     model.save_pretrained(model_dir, safe_serialization=True)
