@@ -64,6 +64,7 @@ class LeaseGrant:
     policy_version: int
     epoch_size: int = 0
     epoch_finished: int = 0
+    training_finished: bool = False
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Buffer:
         self.dedup = ProducerDedup(window=config.capacity.dedup_window,
                                    max_producers=config.capacity.max_producers)
         self.counters = Counters()
+        self.training_finished = False
         self.policy_version = 0  # the consuming version (common/version.py)
         # When each unacknowledged delivery goes back to the queue (by `clock`); not logged, as no stream that
         # could still acknowledge one outlives the process.
@@ -299,7 +301,8 @@ class Buffer:
             # out on lease count as groups on their way, so a strictly on-policy worker does not start its next
             # batch on weights the trainer is about to replace while its last batch is still being scored.
             room = self.store.max_groups - len(self.store.queue) - self.leases.outstanding
-            lease = None if self.store.full or room <= 0 else self.leases.lease(worker_id, min(count, room))
+            full = self.store.full or room <= 0 or self.training_finished
+            lease = None if full else self.leases.lease(worker_id, min(count, room))
             prompts = [] if lease is None else [
                 self.source.rows[index].to_message(epoch) for epoch, index in lease.prompts
             ]
@@ -311,6 +314,7 @@ class Buffer:
                 policy_version=self.policy_version,
                 epoch_size=len(self.source),
                 epoch_finished=self.leases.finished_in(prompts[0].epoch if prompts else self.leases.epoch),
+                training_finished=self.training_finished,
             )
 
     def complete_lease(self, lease_id: str, prompt_ids: Sequence[str] = ()) -> None:
@@ -501,9 +505,14 @@ class Buffer:
                 self._log(Kind.COMMIT, {"delivery": delivery})
         self._roll_when_due()
 
-    def set_policy_version(self, version: int) -> None:
-        """Going back is allowed: a trainer that resumed from an older checkpoint counts from there again."""
+    def set_policy_version(self, version: int, training_finished: bool = False) -> None:
+        """Going back is allowed: a trainer that resumed from an older checkpoint counts from there again.
+        `training_finished`: the trainer made its last step, so no more leases go out until a trainer sets a
+        version without it. Held in memory: after a restart of the buffer a trainer that still runs sets it."""
         with self._cond:
+            if training_finished and not self.training_finished:
+                log.info("the trainer has finished: no more prompts are leased until a trainer trains again")
+            self.training_finished = training_finished
             highest = self.policy_version + self.config.validation.max_version_jump
             if not 0 <= version <= highest:
                 raise InvalidInput(f"expected 0 to {highest} (the current {self.policy_version} plus "

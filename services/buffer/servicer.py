@@ -72,6 +72,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             policy_version=grant.policy_version,
             epoch_size=grant.epoch_size,
             epoch_finished=grant.epoch_finished,
+            training_finished=grant.training_finished,
         )
 
     @translate_errors
@@ -150,7 +151,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
 
     @translate_errors
     def SetPolicyVersion(self, request, context):
-        self.core.set_policy_version(request.version)
+        self.core.set_policy_version(request.version, request.training_finished)
         return buffer_pb2.SetPolicyVersionReply()
 
     @translate_errors

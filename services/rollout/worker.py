@@ -63,6 +63,7 @@ class RolloutWorker:
         self.drained = threading.Event()
         self.error: BaseException | None = None
         self.groups_pushed = 0
+        self.training_finished = False
         self.tokens_per_second = 0.0
         # Sequence numbers start again with every process, and a restarted worker keeps its worker_id: the
         # incarnation keeps its groups from passing for retries of the ones its previous life pushed.
@@ -118,6 +119,10 @@ class RolloutWorker:
                 while not self.stopping.wait(self.config.lease_wait_seconds):
                     self.safe_point()
                 return
+            if lease.training_finished != self.training_finished:
+                self.training_finished = lease.training_finished
+                log.info("training has finished: this worker generates nothing more until a trainer trains again"
+                         if lease.training_finished else "training goes on: generating again")
             if not lease.prompts:
                 self.stopping.wait(self.config.lease_wait_seconds)
                 continue

@@ -167,6 +167,9 @@ class TrainingLoop:
             self._serve_requests()
         if self.config.checkpoint.at_end and self.step and self.last_checkpoint_step != self.step:
             self.save_checkpoint()
+        if self.strategy.rank == 0 and not self.stopping.is_set():
+            # The run's training is over: workers stop making groups that only a later run would drop as stale.
+            self.buffer.set_policy_version(self.policy_version, training_finished=True)
         if self.broadcaster is not None and not self.stopping.is_set():
             # At the end of the data the last weights reach the workers before the trainer goes (their evals
             # use them); when stopped, the workers are going too and would only hold the exit up.

@@ -155,6 +155,17 @@ def test_a_full_buffer_stops_leases_and_makes_pushes_wait(open_buffer):
     assert buffer.lease_prompts("w", 1).prompts == [], "one queued and one on lease fill the two places"
 
 
+def test_no_prompts_are_leased_once_training_has_finished_until_a_trainer_trains_again(open_buffer):
+    buffer = open_buffer(prompts=6)
+    assert len(buffer.lease_prompts("w", 2).prompts) == 2
+    buffer.set_policy_version(3, training_finished=True)
+    grant = buffer.lease_prompts("w", 2)
+    assert grant.prompts == [] and grant.training_finished and not grant.end_of_data
+    buffer.set_policy_version(3)   # a resumed trainer
+    grant = buffer.lease_prompts("w", 2)
+    assert len(grant.prompts) == 2 and not grant.training_finished
+
+
 def test_expired_leases_come_back_and_are_counted(open_buffer, clock):
     buffer = open_buffer(prompts=4, leases__timeout_seconds=5)
     first = buffer.lease_prompts("w1", 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import socket
 import time
 
@@ -179,3 +180,26 @@ def test_worker_waits_for_a_missing_reward_service_and_resumes(assets, tmp_path)
         buffer.stop(0.5)
         if reward is not None:
             reward.stop(0.5)
+
+
+def test_a_worker_stops_generating_once_training_has_finished_and_says_so(assets, tmp_path, caplog):
+    """The trainer's last step reaches the buffer (SetPolicyVersion with training_finished): the worker makes no
+    more groups a later run would only drop as stale, says so, and starts again when a trainer trains again."""
+    model, train, _ = assets
+    reward = start_reward()
+    buffer = start_buffer(train, tmp_path / "wal", **RUN_SPEC)
+    with BufferClient(buffer.address) as client:
+        client.set_policy_version(0, training_finished=True)
+        host = build(rollout_config(model, buffer.address, reward.address, tmp_path)).start()
+        try:
+            with caplog.at_level(logging.INFO, logger="zerobubble.rollout.worker"):
+                wait_for(lambda: "training has finished" in caplog.text, 60, "the worker to say training finished")
+                time.sleep(1.0)
+                assert buffer.core.stats()["groups_in"] == 0 and host.worker.groups_pushed == 0
+                client.set_policy_version(0)   # a resumed trainer
+                wait_for(lambda: host.worker.groups_pushed > 0, 120, "the worker to generate again")
+                assert "training goes on: generating again" in caplog.text
+        finally:
+            host.stop(0.5)
+            buffer.stop(0)
+            reward.stop(0)

@@ -85,6 +85,7 @@ def test_trainer_steps_checkpoints_commits_and_resumes_without_losing_a_group(as
         first = trainer_config(model, buffer.address, run_dir, max_steps=3,
                                **{"checkpoint.interval_steps": 2, "checkpoint.at_end": False})
         assert run_trainer(first) == 0
+        assert buffer.core.training_finished, "the last step tells the buffer: workers stop generating"
         trained = rows(run_dir)
         assert [r["step"] for r in trained] == [1, 2, 3]
         assert [r["policy_version"] for r in trained] == [1, 2, 3]

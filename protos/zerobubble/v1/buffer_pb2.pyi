@@ -27,7 +27,7 @@ class LeaseRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class LeaseReply(_message.Message):
-    __slots__ = ("lease_id", "prompts", "expires_in_seconds", "end_of_data", "policy_version", "epoch_size", "epoch_finished")
+    __slots__ = ("lease_id", "prompts", "expires_in_seconds", "end_of_data", "policy_version", "epoch_size", "epoch_finished", "training_finished")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class LeaseReply(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FINISHED_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     prompts: _containers.RepeatedCompositeFieldContainer[_common_pb2.Prompt]
     expires_in_seconds: float
@@ -42,7 +43,8 @@ class LeaseReply(_message.Message):
     policy_version: int
     epoch_size: int
     epoch_finished: int
-    def __init__(self, lease_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[_common_pb2.Prompt, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ..., end_of_data: bool = ..., policy_version: _Optional[int] = ..., epoch_size: _Optional[int] = ..., epoch_finished: _Optional[int] = ...) -> None: ...
+    training_finished: bool
+    def __init__(self, lease_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[_common_pb2.Prompt, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ..., end_of_data: bool = ..., policy_version: _Optional[int] = ..., epoch_size: _Optional[int] = ..., epoch_finished: _Optional[int] = ..., training_finished: bool = ...) -> None: ...
 
 class CompleteLeaseRequest(_message.Message):
     __slots__ = ("lease_id", "prompt_ids")
@@ -121,10 +123,12 @@ class CommitReply(_message.Message):
     def __init__(self) -> None: ...
 
 class SetPolicyVersionRequest(_message.Message):
-    __slots__ = ("version",)
+    __slots__ = ("version", "training_finished")
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FINISHED_FIELD_NUMBER: _ClassVar[int]
     version: int
-    def __init__(self, version: _Optional[int] = ...) -> None: ...
+    training_finished: bool
+    def __init__(self, version: _Optional[int] = ..., training_finished: bool = ...) -> None: ...
 
 class SetPolicyVersionReply(_message.Message):
     __slots__ = ()

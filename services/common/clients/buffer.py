@@ -115,8 +115,10 @@ class BufferClient(ServiceClient):
     def commit(self, delivery: int, *, resume: bool = False, timeout: float | None = None) -> None:
         self.unary("Commit", buffer_pb2.CommitRequest(delivery=delivery, resume=resume), timeout=timeout)
 
-    def set_policy_version(self, version: int, *, timeout: float | None = None) -> None:
-        self.unary("SetPolicyVersion", buffer_pb2.SetPolicyVersionRequest(version=version), timeout=timeout)
+    def set_policy_version(self, version: int, *, training_finished: bool = False,
+                           timeout: float | None = None) -> None:
+        self.unary("SetPolicyVersion", buffer_pb2.SetPolicyVersionRequest(
+            version=version, training_finished=training_finished), timeout=timeout)
 
     def stats(self, *, timeout: float | None = None) -> buffer_pb2.StatsReply:
         return self.unary("Stats", buffer_pb2.StatsRequest(), timeout=timeout)
