@@ -359,6 +359,7 @@ class ServiceHost:
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
                 ("grpc.so_reuseport", 0),
+                *self.config.connections.grpc_options(),
             ],
         )
         self._health = health.aio.HealthServicer()
