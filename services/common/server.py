@@ -304,6 +304,7 @@ class ServiceHost:
         self._stopped = threading.Event()
         self._exit = threading.Event()
         self.exit_code = 0
+        self.stopped_by: int | None = None  # the signal that stopped run_until_signal, if one did
         self._token = config.bearer_token()
         if warning := config.exposure(self._token):
             log.warning("%s: %s", name, warning)
@@ -438,6 +439,7 @@ class ServiceHost:
 
         def handle(signum, _frame):
             log.info("%s: %s received, shutting down", self.name, signal.Signals(signum).name)
+            self.stopped_by = signum
             self._exit.set()
 
         signal.signal(signal.SIGTERM, handle)
