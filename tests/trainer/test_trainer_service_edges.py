@@ -163,14 +163,16 @@ def test_a_trainer_refuses_a_run_spec_its_config_contradicts(assets, tmp_path):
         buffer.stop(0.5)
 
 
-def test_sigterm_stops_a_serving_trainer_with_its_checkpoint_and_says_the_run_is_not_over(assets, tmp_path):
+@pytest.mark.parametrize("weight_sync", [None, {}], ids=["alone", "with weight sync"])
+def test_sigterm_stops_a_serving_trainer_with_its_checkpoint_and_says_the_run_is_not_over(assets, tmp_path,
+                                                                                           weight_sync):
     # A trainer stopped mid-run by a signal (a `docker stop`, a stray kill) is not a finished run: it says so in
     # its log and exit code, and its last checkpoint lets a restart go on from the step it reached.
     model, train, _ = assets
     buffer = start_buffer(train, tmp_path / "wal", **RUN_SPEC)
     config = {"server": {"listen": "127.0.0.1:0", "metrics_port": None, "grace_seconds": 10.0},
               "model": str(model), "run_dir": str(tmp_path / "run"), "buffer": {"address": buffer.address},
-              "weight_sync": None, "torch_threads": 1,
+              "weight_sync": weight_sync, "torch_threads": 1,
               "batch": {"groups_per_step": 2, "micro_batch_samples": 4, "max_new_tokens": 4},
               "checkpoint": {"interval_steps": 100}}
     (tmp_path / "trainer.yaml").write_text(yaml.safe_dump(config))
