@@ -58,7 +58,7 @@ def _raise_own_limit(needed: int) -> None:
 
 class QuietConnections:
     """`count` connections to `address` that send `opening` (or, for gRPC, finish the HTTP/2 handshake) and then
-    nothing; `closed()` says how many the server has closed so far."""
+    nothing; `poll()` says how many the server has closed so far."""
 
     def __init__(self, address: str, count: int, *, http2: bool, opening: bytes = b""):
         self.sockets: list[socket.socket] = []
@@ -67,12 +67,7 @@ class QuietConnections:
         self.closed_count = 0
         self._open = selectors.DefaultSelector()
         connections: dict[socket.socket, h2.connection.H2Connection] = {}
-        for _ in range(count):
-            try:
-                sock = socket.create_connection(_endpoint(address), timeout=PROBE_TIMEOUT_S)
-            except OSError:
-                self.failed_to_connect += 1
-                continue
+        for sock in self._connect(address, count):
             if http2:
                 connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
                 connection.initiate_connection()
@@ -80,11 +75,34 @@ class QuietConnections:
                 connections[sock] = connection
             with contextlib.suppress(OSError):
                 sock.sendall(opening)
-            sock.setblocking(False)
             self.sockets.append(sock)
             self._open.register(sock, selectors.EVENT_READ)
         if http2:
             self._settle(connections)
+
+    def _connect(self, address: str, count: int) -> list[socket.socket]:
+        """All at once, without blocking: a server whose accept queue is full leaves the rest unanswered, and one
+        at a time each would wait out its own timeout."""
+        connecting = selectors.DefaultSelector()
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            sock.connect_ex(_endpoint(address))
+            connecting.register(sock, selectors.EVENT_WRITE)
+        connected = []
+        end = time.monotonic() + HANDSHAKE_S
+        while connecting.get_map() and (left := end - time.monotonic()) > 0:
+            for key, _ in connecting.select(left):
+                connecting.unregister(key.fileobj)
+                if key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    connected.append(key.fileobj)
+                else:
+                    key.fileobj.close()
+        for key in list(connecting.get_map().values()):
+            key.fileobj.close()
+        connecting.close()
+        self.failed_to_connect = count - len(connected)
+        return connected
 
     def _settle(self, connections: dict[socket.socket, h2.connection.H2Connection]) -> None:
         """Acknowledge each server's settings once (the handshake's end); from then on nothing is answered."""
