@@ -104,6 +104,27 @@ def http() -> str:
                       http_contracts.__doc__ or "", ""])
 
 
+PROTOCOL_MARKER = "<!-- sync-protocol-table -->"
+
+
+def sync_protocol_tables() -> str:
+    from zerobubble.common.sync_protocol import ANY, TRANSITIONS
+
+    parts = []
+    for part in dict.fromkeys(type(t.target) for t in TRANSITIONS):
+        rows = [("any" if t.source == ANY else t.source.value, t.target.value, t.trigger, f"`{t.test}`")
+                for t in TRANSITIONS if type(t.target) is part]
+        parts += [f"### {part.__name__}", "", (part.__doc__ or "").strip(), "",
+                  _table(("from", "to", "when", "tested by"), rows), ""]
+    return "\n".join(parts)
+
+
+def on_page_markdown(markdown, page, config, files):
+    if PROTOCOL_MARKER in markdown:
+        return markdown.replace(PROTOCOL_MARKER, sync_protocol_tables())
+    return markdown
+
+
 PAGES = {"reference/configuration.md": configuration, "reference/cli.md": cli, "reference/rpcs.md": rpcs,
          "reference/http.md": http}
 

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from torch.distributed import TCPStore
 
 from zerobubble.common.clients.trainer import TrainerClient
+from zerobubble.common.sync_protocol import Machine, Member
 from zerobubble.common.weight_sync import (
     ACK_FAILED,
     ACK_OK,
@@ -102,6 +103,8 @@ class WeightReceiver:
         self._call = None
         self._call_lock = threading.Lock()
         self.recent_times: deque[ReceiveTimes] = deque(maxlen=64)
+        # This member's side of the protocol (services/common/sync_protocol.py).
+        self.state = Machine(Member.JOINING)
         self._thread = threading.Thread(target=self._run, name=f"weights-{worker_id}", daemon=True)
 
     def start(self) -> WeightReceiver:
@@ -163,6 +166,7 @@ class WeightReceiver:
                 log.exception("%s: weight sync session failed; joining again", self.worker_id)
             finally:
                 self._leave_group()
+                self.state.to(Member.JOINING)
             if self._complete != received_before:
                 backoff = self.first_backoff_s
             self._closed.wait(backoff * random.uniform(0.5, 1.0))
@@ -177,6 +181,7 @@ class WeightReceiver:
             if self._closed.is_set():
                 return
             self._call = self.trainer.watch(self.worker_id)
+        self.state.to(Member.WATCHING)
         try:
             for announcement in self._call:
                 self._follow(announcement, store, reply, address)
@@ -194,16 +199,21 @@ class WeightReceiver:
                 self._leave_group()
                 rank = announcement.ranks.get(self.worker_id)
                 if rank is None:
+                    self._watching()
                     return
                 store.set(arrived_key(epoch, self.worker_id), b"1")
+                self.state.to(Member.ARRIVED)
                 # The trainer decides within its arrival window; waiting twice that never misses a "go".
                 store.wait([go_key(epoch)], timedelta(seconds=2 * reply.member_timeout_seconds))
                 if store.get(go_key(epoch)) != GO:
+                    self._watching()
                     return
                 self._buffer_device = torch.device(self.device if reply.backend == "nccl" else "cpu")
                 self._group = form_group(store, epoch, rank, announcement.world_size, backend=reply.backend,
                                          timeout_s=reply.member_timeout_seconds, address=address)
                 self._epoch = epoch
+                self.state.to(Member.IN_GROUP)
+            self.state.to(Member.RECEIVING)
             ready, received = self._receive(announcement, lambda: store.check([broken_key(epoch)]))
         except RuntimeError as exc:
             # The group broke (a peer died, the trainer re-forms it): wait for the next announcement.
@@ -211,11 +221,18 @@ class WeightReceiver:
                         announcement.version, epoch, exc)
             in_group = self._epoch == epoch
             self._leave_group()
+            self._watching()
             if in_group:
                 store.set(done_key(epoch, announcement.version, self.worker_id), ACK_FAILED)
             return
         self.recent_times.append(ReceiveTimes(announcement.version, announced, ready, received, time.time()))
         store.set(done_key(epoch, announcement.version, self.worker_id), ACK_OK)
+        self.state.to(Member.IN_GROUP)
+
+    def _watching(self) -> None:
+        """Out of any group, following announcements (already so when a newer epoch leaves it out again)."""
+        if self.state.state is not Member.WATCHING:
+            self.state.to(Member.WATCHING)
 
     def _receive(self, announcement: trainer_pb2.WeightAnnouncement,
                  abandoned: Callable[[], bool]) -> tuple[float, float]:

@@ -94,6 +94,8 @@ COMMANDS = {
     "make-task": ("tiny.commands", "write a synthetic task: train.jsonl and held-out eval.jsonl"),
     "up": ("launcher.commands", "run the whole pipeline on this machine (default: the tiny CPU demo)"),
     "plot": ("plot", "draw a run's training curves (and evaluations) into one PNG"),
+    "eval": ("evaluate", "pass@1 and pass@k of a model folder on a data set"),
+    "export": ("export", "write a run's final policy as a Hugging Face model folder"),
 }
 BENCHES = {
     "transport": ("bench.transport", "buffer push-to-pull throughput vs a Ray actor queue and a socket"),

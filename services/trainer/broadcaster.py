@@ -1,15 +1,10 @@
-"""Trainer side of the weight sync: snapshot at publish, bucketed broadcast from a background thread,
-and the membership of the broadcast group (join, drop, re-form). No gRPC here: the servicer calls
-join/watch and hands the announcements to the streams.
+"""Trainer side of the weight sync: the membership of the broadcast group (join, watch, drop) and the sender
+(re-forming the group at a new epoch, the bucketed broadcast, the acknowledgements) on a thread of its own; the
+copier (services/trainer/weight_copier.py) gives it each published version. The states and transitions of all
+three are the table in services/common/sync_protocol.py. No gRPC here: the servicer calls join/watch and hands the
+announcements to the streams.
 
-Two sets of send buffers: a copier thread copies each published version into the spare set; the sender
-thread swaps the sets when it starts a broadcast. The set being sent is never written, so the next
-optimizer step cannot change bytes in flight, and a publish never waits for a broadcast. Publishes
-that come while one is in flight coalesce: the newest version is the next one sent.
-
-The copy is made while the caller goes on (the trainer: into its next step's forward and backward), and
-the caller waits for it (`wait_copied`) only before it changes the weights (the trainer: before its
-optimizer steps).
+Publishes that come while a broadcast is in flight coalesce: the newest version is the next one sent.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ from zerobubble.common.conditions import AwaitableCondition
 from zerobubble.common.config import is_loopback
 from zerobubble.common.errors import InvalidInput, NotFound, Overloaded
 from zerobubble.common.names import check_name
+from zerobubble.common.sync_protocol import Machine, Membership, Sender
 from zerobubble.common.weight_sync import (
     ABORT,
     ACK_OK,
@@ -49,6 +45,7 @@ from zerobubble.common.weight_sync import (
     wait_broadcast,
 )
 from zerobubble.trainer.sync_config import WeightSyncConfig
+from zerobubble.trainer.weight_copier import Snapshot, WeightCopier
 from zerobubble.v1 import trainer_pb2
 
 log = logging.getLogger(__name__)
@@ -88,14 +85,11 @@ class _Member:
     device: str
     outbox: deque = field(default_factory=deque)
     watch: int = 0      # number of the current watch stream; an older one ends
-    gone: bool = False
+    state: Machine = field(default_factory=lambda: Machine(Membership.JOINED))
 
-
-@dataclass
-class _Snapshot:
-    manifest: Manifest
-    buffers: list[torch.Tensor]
-    version: int = -1
+    @property
+    def gone(self) -> bool:
+        return self.state.state is Membership.GONE
 
 
 class Watch:
@@ -152,9 +146,7 @@ class WeightBroadcaster:
         self._last_sync_seconds = 0.0
         self._last_sync_times: dict[str, float] = {}
         self._last_copy_seconds = 0.0
-        self._stage_lock = threading.Lock()
-        self._spare: _Snapshot | None = None
-        self._sending: _Snapshot | None = None
+        self._sending: Snapshot | None = None
         self._proto_cache: tuple[Manifest, list[trainer_pb2.Bucket]] | None = None
         self._store: TCPStore | None = None
         # The sender thread blocks on the store for its members' keys (`_await_keys`); other threads end that wait
@@ -164,18 +156,16 @@ class WeightBroadcaster:
         self._awaited: dict[str, str] = {}
         self._spent_keys: list[str] = []
         self._thread = threading.Thread(target=self._run, name="weight-broadcast", daemon=True)
-        self._copy_job: tuple[list[tuple[str, torch.Tensor]], int] | None = None
-        self._copied = threading.Event()
-        self._copied.set()
-        self._copy_error: BaseException | None = None
-        self._copier = threading.Thread(target=self._copy_run, name="weight-copy", daemon=True)
+        self.copier = WeightCopier(self._bucket_bytes, self.config.device, self._copied)
+        # The sender's part of the protocol (services/common/sync_protocol.py); each member has its own.
+        self.sender_state = Machine(Sender.IDLE)
 
     def start(self) -> WeightBroadcaster:
         timeout = timedelta(seconds=self.config.member_timeout_s)
         self._store = TCPStore(self.config.store_host, self.config.store_port, is_master=True,
                                wait_for_workers=False, timeout=timeout)
         self._thread.start()
-        self._copier.start()
+        self.copier.start()
         log.info("weight sync store on %s:%d (%s)", self.advertise_host, self.store_port, self.backend)
         if not is_loopback(f"{self.config.store_host}:{self.store_port}"):
             # Joins are authenticated over gRPC, but torch.distributed's store and gloo/NCCL connections are not.
@@ -215,7 +205,7 @@ class WeightBroadcaster:
             old = self._members.pop(worker_id, None)
             if old is not None:
                 # The same id from a fresh process: the group it was in is no use to it.
-                old.gone = True
+                old.state.to(Membership.GONE)
                 self._regroup_needed = True
             self._members[worker_id] = _Member(worker_id, device)
             awaited = self._awaited.get(worker_id) if old is not None else None
@@ -237,6 +227,7 @@ class WeightBroadcaster:
             if member is None:
                 raise NotFound(f"{worker_id!r} is not a member: call JoinWeightSync first", field="worker_id")
             member.watch += 1
+            member.state.to(Membership.WATCHING)
             self._cond.notify_all()
             return Watch(self, member, member.watch)
 
@@ -247,7 +238,7 @@ class WeightBroadcaster:
             if current is None or (member is not None and current is not member):
                 return False
             del self._members[worker_id]
-            current.gone = True
+            current.state.to(Membership.GONE)
             awaited = self._awaited.get(worker_id)
             self._cond.notify_all()
         if awaited is not None:
@@ -274,54 +265,19 @@ class WeightBroadcaster:
     # -- publishing (called by the training loop) --
 
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Hand the weights over and return: the copier thread copies them into the spare buffers, and the sender
-        thread broadcasts them. Call `wait_copied()` before changing any of the tensors."""
-        named = list(named_tensors)
-        self.wait_copied()  # one copy at a time, in order
-        with self._cond:
-            self._copied.clear()
-            self._copy_job = (named, version)
-            self._cond.notify_all()
+        """Hand the weights over and return: the copier copies them into the spare buffers, and the sender thread
+        broadcasts them. Call `wait_copied()` before changing any of the tensors."""
+        self.copier.publish(list(named_tensors), version)
 
     def wait_copied(self) -> None:
-        """Wait until the last publish's weights are copied (from then on they may change); raises what failed
-        the copy."""
-        self._copied.wait()
-        error, self._copy_error = self._copy_error, None
-        if error is not None:
-            raise error
+        """Wait until the last publish's weights are copied; raises what failed the copy."""
+        self.copier.wait_copied()
 
-    def _copy_run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._copy_job is not None or self.closed)
-                if self.closed:
-                    self._copied.set()
-                    return
-                (named, version), self._copy_job = self._copy_job, None
-            try:
-                self._stage(named, version)
-            except BaseException as exc:
-                self._copy_error = exc
-            finally:
-                self._copied.set()
-
-    def _stage(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
-        started = time.perf_counter()
-        manifest = Manifest.plan(named, self._bucket_bytes)
-        with self._stage_lock:
-            spare = self._spare
-            if spare is None or spare.manifest != manifest:
-                spare = _Snapshot(manifest, manifest.allocate(self.config.device))
-            manifest.pack(named, spare.buffers)
-            if spare.buffers and spare.buffers[0].is_cuda:
-                torch.cuda.current_stream(spare.buffers[0].device).synchronize()
-            spare.version = version
-            self._spare = spare
+    def _copied(self, version: int, seconds: float) -> None:
         with self._cond:
             self._pending = True
             self._published_version = version
-            self._last_copy_seconds = time.perf_counter() - started
+            self._last_copy_seconds = seconds
             self._cond.notify_all()
 
     def wait_synced(self, version: int, timeout: float) -> bool:
@@ -334,14 +290,13 @@ class WeightBroadcaster:
         with self._cond:
             self.closed = True
             for member in self._members.values():
-                member.gone = True
+                member.state.to(Membership.GONE)
             awaited = list(self._awaited.values())
             self._cond.notify_all()
         self._stop_awaiting(awaited)
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.config.member_timeout_s)
-        if self._copier.is_alive():
-            self._copier.join(timeout=self.config.member_timeout_s)
+        self.copier.close(timeout=self.config.member_timeout_s)
         self._teardown()
         with self._waker_lock:
             self._waker = None
@@ -356,10 +311,7 @@ class WeightBroadcaster:
                 if self.closed:
                     return
                 self._pending = False
-            with self._stage_lock:
-                # No newer publish (a member joined): send the last weights again.
-                if self._sending is None or (self._spare is not None and self._spare.version > self._sending.version):
-                    self._spare, self._sending = self._sending, self._spare
+            self._sending = self.copier.newest(self._sending)
             with self._cond:
                 self._sending_version = self._sending.version
             try:
@@ -367,11 +319,12 @@ class WeightBroadcaster:
             except Exception:
                 log.exception("weight sync of version %d failed", self._sending.version)
                 self._teardown()
+            self.sender_state.to(Sender.IDLE)
             with self._cond:
                 self._sending_version = -1
             self._forget_spent_keys()
 
-    def _sync(self, snapshot: _Snapshot) -> None:
+    def _sync(self, snapshot: Snapshot) -> None:
         started = time.perf_counter()
         failures = 0
         # Who this version goes to: the members of now. Whoever joins (or joins again) meanwhile gets the next sync,
@@ -391,6 +344,7 @@ class WeightBroadcaster:
             times = {"started": time.time()}
             if rejoined or ids != self._group_ids or self._group is None:
                 times["announced"] = time.time()
+                self.sender_state.to(Sender.FORMING)
                 formed, dropped = self._regroup(snapshot, ids)
                 if not formed:
                     failures += 0 if dropped else 1
@@ -398,9 +352,11 @@ class WeightBroadcaster:
             else:
                 times["announced"] = time.time()
                 self._announce(snapshot, regroup=False)
+            self.sender_state.to(Sender.BROADCASTING)
             try:
                 wait_broadcast(start_broadcast(self._group, snapshot.buffers), cuda_device=self._cuda_device)
                 times["sent"] = time.time()
+                self.sender_state.to(Sender.AWAITING_ACKS)
             except RuntimeError as exc:
                 log.warning("broadcast of version %d failed (%s); re-forming the group", snapshot.version, exc)
                 self._teardown()
@@ -432,7 +388,7 @@ class WeightBroadcaster:
             self._last_sync_times = times
             self._cond.notify_all()
 
-    def _regroup(self, snapshot: _Snapshot, ids: list[str]) -> tuple[bool, bool]:
+    def _regroup(self, snapshot: Snapshot, ids: list[str]) -> tuple[bool, bool]:
         """One try at a new group epoch of `ids`; returns (formed, dropped someone)."""
         self._teardown()
         self._epoch += 1
@@ -470,7 +426,7 @@ class WeightBroadcaster:
         self._group, self._group_ids = None, []
         self.metrics.members.set(0)
 
-    def _announce(self, snapshot: _Snapshot, *, regroup: bool, ranks: dict[str, int] | None = None) -> None:
+    def _announce(self, snapshot: Snapshot, *, regroup: bool, ranks: dict[str, int] | None = None) -> None:
         if ranks is None:
             ranks = {worker_id: rank for rank, worker_id in enumerate(self._group_ids, start=1)}
         if self._proto_cache is None or self._proto_cache[0] != snapshot.manifest:

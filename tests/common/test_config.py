@@ -69,6 +69,7 @@ def test_shipped_config_files_validate():
     files = sorted([*configs.DIRECTORY.glob("*.yaml"), *root.glob("deploy/hosts/*.yaml")])
     assert files
     for path in files:
-        service = path.stem.split("-")[0]
-        assert service in schemas, f"{path.name}: name it after its service"
-        load_config(schemas[service], path)
+        # A shipped run config (demo, general, a template) is one of `up`'s; a service's is named after it.
+        schema = schemas.get(path.stem.split("-")[0], UpConfig if path.parent == configs.DIRECTORY else None)
+        assert schema is not None, f"{path.name}: name it after its service"
+        load_config(schema, path)

@@ -43,6 +43,9 @@ def test_the_site_builds_strictly_with_its_generated_reference(mkdocs, tmp_path)
     assert "JoinWeightSync" in (tmp_path / "site" / "reference" / "rpcs" / "index.html").read_text()
     assert "/v1/score" in (tmp_path / "site" / "reference" / "http" / "index.html").read_text()
     assert "zerobubble up" in (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    # The weight-sync page's state table is made from the protocol's own (services/common/sync_protocol.py).
+    protocol = (tmp_path / "site" / "concepts" / "weight-sync" / "index.html").read_text()
+    assert "awaiting acks" in protocol and "test_sync_protocol.py::" in protocol
 
 
 def test_a_missing_path_a_second_spelling_and_an_unknown_key_are_found():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -149,6 +150,20 @@ def log_tail(process: ServiceProcess, lines: int = 30) -> str:
         return "\n".join(process.log_path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def run_up(argv: list[str], *, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> str:
+    """`zerobubble up ARGV` to its end in a session of its own (killed whole if it overruns); its output, after
+    asserting it exited 0."""
+    process = subprocess.Popen([sys.executable, "-m", "zerobubble", "up", *argv], cwd=cwd, env=env or service_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, output[-4000:]
+    return output
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:

@@ -5,8 +5,6 @@ TensorBoard's and wandb's own readers read back."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
-from e2e_helpers import metrics_rows, service_env
+from e2e_helpers import metrics_rows, run_up, service_env
 from stack import tiny_assets
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -49,15 +47,7 @@ def test_up_trains_on_verl_parquet_and_leaves_tensorboard_wandb_and_rollout_logs
                     "server": {"grace_seconds": 1.0}},
     }
     (tmp_path / "up.yaml").write_text(yaml.safe_dump(config))
-    process = subprocess.Popen([sys.executable, "-m", "zerobubble", "up", "--config", str(tmp_path / "up.yaml")],
-                               env={**service_env(), "WANDB_SILENT": "true"}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=600)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 0, output[-4000:]
+    run_up(["--config", str(tmp_path / "up.yaml")], env={**service_env(), "WANDB_SILENT": "true"})
 
     assert [row["step"] for row in metrics_rows(run_dir)] == list(range(1, STEPS + 1))
     evals = [json.loads(line) for line in (run_dir / "eval" / "summary.jsonl").read_text().splitlines()]

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from zerobubble.tooling.bench.learning import register_bench, trl_schedule
-from zerobubble.tooling.launcher.commands import DEMO_CONFIG
+from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 from zerobubble.trainer.optim import OptimConfig, lr_factor
 
 STEPS = 2

@@ -14,6 +14,7 @@ from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
 
 from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.names import MAX_ID_CHARS
+from zerobubble.common.sync_protocol import Sender
 from zerobubble.rollout.weight_receiver import WeightReceiver
 
 TIMEOUT_S = 3.0
@@ -111,6 +112,9 @@ def test_killed_and_stalled_workers_are_dropped_and_the_survivor_goes_on(workers
         expected = digests(model.named_parameters())
         assert survivor.applied(2)["digests"] == expected and stalled.applied(2)["digests"] == expected
         assert set(trainer.broadcaster.members) == {"survivor", "stalled"}
+        # The dead member broke the broadcast, or left it unacknowledged: the epoch was given up and re-formed.
+        sender = trainer.broadcaster.sender_state
+        assert sender.took(Sender.BROADCASTING, Sender.FORMING) or sender.took(Sender.AWAITING_ACKS, Sender.FORMING)
 
         stalled.signal(signal.SIGSTOP)
         _perturb(model, 1.0)
@@ -183,6 +187,7 @@ def test_a_member_that_leaves_before_acknowledging_ends_the_trainers_wait_at_onc
             assert time.monotonic() - published < member_timeout / 2
             assert survivor.applied(1)["digests"] == digests(model.named_parameters())
             assert "wedged" not in trainer.broadcaster.members
+            assert trainer.broadcaster.sender_state.took(Sender.AWAITING_ACKS, Sender.FORMING)
         finally:
             wedged.release.set()
             wedged.close()

@@ -65,14 +65,15 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.config import TOKEN_ENV, load_config
 from zerobubble.common.data import DataSpec, load_data
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.bench.learning_trl import TRLSettings
 from zerobubble.tooling.bench.pipeline import training_figures
+from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
-from zerobubble.tooling.launcher.commands import DEMO_CONFIG
 from zerobubble.tooling.launcher.config import UpConfig, merge, validated
 from zerobubble.tooling.launcher.run import SERVER, Run, build_run_spec, with_schedule_length
 from zerobubble.tooling.launcher.tether import Tether
@@ -309,8 +310,9 @@ def bench_learning(*, seeds: list[int], steps: int | None = None, systems: tuple
             grpc_reward = holder.client_config(reward)
 
             def evaluate(weights: Path, version: int, name: str) -> dict[str, Any]:
-                result = evaluate_weights(weights, version, setup.rollout, setup.spec, setup.assets.eval,
-                                          grpc_reward, output_dir=scratch / name / "eval")
+                with RewardClient(grpc_reward) as client:
+                    result = evaluate_weights(weights, version, setup.rollout, setup.spec, setup.assets.eval,
+                                              client, output_dir=scratch / name / "eval")
                 return {"pass@1": result["pass@1"], f"pass@{result['n']}": result[f"pass@{result['n']}"],
                         "evaluator": "zerobubble.tooling.launcher.final_eval.evaluate_weights", "output_dir":
                         str(scratch / name / "eval")}

@@ -49,8 +49,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.config import load_config
 from zerobubble.tooling.bench.cpu import process_cpu_seconds
+from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
-from zerobubble.tooling.launcher.commands import DEMO_CONFIG
 from zerobubble.tooling.launcher.config import UpConfig
 from zerobubble.tooling.launcher.processes import ServiceProcess
 from zerobubble.tooling.launcher.run import Run

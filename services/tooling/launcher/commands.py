@@ -1,33 +1,48 @@
-"""`zerobubble up [--config FILE] [--set KEY=VALUE] [rl_example.py flags] [--resume RUN_DIR]`."""
+"""`zerobubble up [--config FILE|NAME] [--set KEY=VALUE] [rl_example.py flags] [--resume RUN_DIR] [--dry-run]`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from zerobubble.common.config import ConfigError, load_config, parse_override
-from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
+from zerobubble.tooling.configs import DEMO, GENERAL, named, shipped_names
 from zerobubble.tooling.launcher.config import UpConfig
-from zerobubble.tooling.launcher.reference_flags import add_reference_flags, reference_overrides
+from zerobubble.tooling.launcher.reference_flags import add_reference_flags, reference_flags, reference_overrides
 
 
-def up_config(args) -> UpConfig:
-    """The demo config (or --config), then rl_example.py flags, then --set; --resume reloads a run's own."""
-    overrides = reference_overrides(args)
-    overrides.update(parse_override(item) for item in args.set or [])
+def base_config(args, overrides: dict) -> Path:
+    """The file a run starts from: the run's own on --resume, --config (a file or a shipped config's name), the
+    demo when nothing of the user's is given, and the general default for a user's own model or data."""
     if args.resume is not None:
         path = args.resume / "configs" / "up.yaml"
         if not path.exists():
             raise ConfigError(f"--resume {args.resume}: no run there ({path} is missing)")
-        return load_config(UpConfig, path, overrides)
-    # A missing file (the demo's included) is an error from load_config, never a run on the schema's defaults.
-    return load_config(UpConfig, args.config or DEMO_CONFIG, overrides)
+        return path
+    if args.config is not None:
+        path = named(args.config)
+        if not path.exists():
+            raise ConfigError(f"--config {args.config}: no such file, and no shipped config of that name "
+                              f"({', '.join(shipped_names())})")
+        return path
+    return GENERAL if "model" in overrides or "train_data" in overrides else DEMO
+
+
+def up_config(args) -> UpConfig:
+    """The base config, then rl_example.py flags, then --set."""
+    overrides = reference_overrides(args)
+    overrides.update(parse_override(item) for item in args.set or [])
+    return load_config(UpConfig, base_config(args, overrides), overrides)
 
 
 def cmd_up(args) -> int:
     from zerobubble.tooling.launcher.preflight import preflight
 
     config = up_config(args)
-    preflight(config)
+    derived = preflight(config)
+    print(effective_run(args, config, derived), flush=True)
+    if args.dry_run:
+        print("zerobubble up: --dry-run: nothing was started", flush=True)
+        return 0
     # Imported once the input is known good: the pipeline brings torch, which a mistyped path need not wait for.
     from zerobubble.tooling.launcher.run import up
 
@@ -37,9 +52,24 @@ def cmd_up(args) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("up", help="run the whole pipeline on this machine (default: the tiny CPU demo)")
     parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="a run config (default: the demo, services/tooling/configs/demo.yaml)")
+                        help="a run config, or the name of a shipped one (" + ", ".join(shipped_names()) + "); "
+                             "default: the demo, or `general` when -m or -d is given")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a field, e.g. pipeline.rollout_workers=2 or trainer.max_steps=10")
     parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a stopped run")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print every setting that differs from its default, where it came from and what is "
+                             "derived, check the run as `up` would, and exit without starting anything")
     add_reference_flags(parser)
     parser.set_defaults(run=cmd_up)
+
+
+def effective_run(args, config: UpConfig, derived: list) -> str:
+    """Every setting of the run that differs from its default, where it came from, and what `up` derives."""
+    from zerobubble.tooling.launcher.effective import effective_settings, render
+
+    overrides = reference_overrides(args)
+    sets = dict(parse_override(item) for item in args.set or [])
+    base = base_config(args, {**overrides, **sets})
+    settings = effective_settings(config, base, reference_flags(args), sets)
+    return f"zerobubble up: the run from {base}, where it differs from the defaults:\n{render(settings + derived)}"

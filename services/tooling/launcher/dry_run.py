@@ -13,8 +13,11 @@ NOWHERE = "127.0.0.1:1"
 
 
 class DryRun(Run):
+    trees: dict[str, dict]
+
     def start(self, name: str, service: str, schema, tree: dict, **_how_it_runs) -> ServiceProcess:
         validated(schema, tree, f"{service} section")
+        self.trees = {**getattr(self, "trees", {}), service: tree}
         process = ServiceProcess(name, service, Path(), Path())
         process.address = NOWHERE
         return process

@@ -32,11 +32,12 @@ def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_service: ClientCo
     # Sample exactly as the first worker's periodic evaluation does, so the figures compare.
     rollout = load_config(RolloutServiceConfig, run_dir / "configs" / "rollout-0.yaml")
     spec = load_config(BufferServiceConfig, run_dir / "configs" / "buffer.yaml").run_spec
-    return evaluate_weights(checkpoint, version, rollout, spec, eval_data, reward_service)
+    with RewardClient(reward_service) as reward:
+        return evaluate_weights(checkpoint, version, rollout, spec, eval_data, reward)
 
 
 def evaluate_weights(model: Path, version: int, rollout: RolloutServiceConfig, spec: RunSpec, eval_data: Path,
-                     reward_service: ClientConfig | str, output_dir: Path | None = None) -> dict:
+                     reward: RewardClient, output_dir: Path | None = None) -> dict:
     """The held-out set on any HF model folder, sampled as `rollout`'s periodic evaluation samples (into
     `output_dir`, default the rollout's own eval folder)."""
     engine = make_engine("transformers", model, device="cpu", dtype="fp32", seed=rollout.generation.seed)
@@ -45,12 +46,10 @@ def evaluate_weights(model: Path, version: int, rollout: RolloutServiceConfig, s
     heldout = rollout.eval.datasets.get("heldout", DataSpec(path=eval_data))
     eval_config = rollout.eval.model_copy(update={"datasets": {"heldout": heldout},
                                                   "output_dir": output_dir or rollout.eval.output_dir})
-    with RewardClient(reward_service) as reward:
-        evaluator = Evaluator(eval_config, prompts=prompts, reward=reward,
-                              metrics=RolloutMetrics(CollectorRegistry()),
-                              max_new_tokens=spec.max_new_tokens, stop=tuple(rollout.generation.stop),
-                              seed=rollout.generation.seed)
-        try:
-            return evaluator.run(engine, "heldout", version)
-        finally:
-            engine.close()
+    evaluator = Evaluator(eval_config, prompts=prompts, reward=reward, metrics=RolloutMetrics(CollectorRegistry()),
+                          max_new_tokens=spec.max_new_tokens, stop=tuple(rollout.generation.stop),
+                          seed=rollout.generation.seed)
+    try:
+        return evaluator.run(engine, "heldout", version)
+    finally:
+        engine.close()

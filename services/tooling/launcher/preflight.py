@@ -12,18 +12,21 @@ from zerobubble.common.config import ConfigError
 from zerobubble.common.data import HUB_ID, DataError, DataSpec, check_data
 from zerobubble.tooling.launcher.assets import RunAssets
 from zerobubble.tooling.launcher.config import UpConfig, validated
+from zerobubble.tooling.launcher.effective import Setting, derived_settings
 
 # Rows of each data file checked before the start: all of a small file, the first part of a big one (the services
 # read the rest, with the same checks, when they start).
 DATA_CHECK_SECONDS = 1.5
 
 
-def preflight(config: UpConfig) -> None:
-    """The cheap checks first: a mistyped path is reported before torch is imported."""
+def preflight(config: UpConfig) -> list[Setting]:
+    """The cheap checks first: a mistyped path is reported before torch is imported. Returns what the run
+    derives (the schedule's length, the model's identity)."""
     if config.model is not None:
         check_model(config.model)
     check_run_data(config)
-    check_services(config)
+    trees = check_services(config)
+    return derived_settings(trees.get("trainer", {}), trees.get("buffer", {}).get("run_spec", {}))
 
 
 def check_model(model: Path) -> None:
@@ -57,11 +60,14 @@ def check_run_data(config: UpConfig) -> None:
             raise ConfigError(f"{name}: {exc}") from None
 
 
-def check_services(config: UpConfig) -> None:
-    """Every service's config, as the run would write it (the trainer's schema brings torch: checked last)."""
+def check_services(config: UpConfig) -> dict[str, dict]:
+    """Every service's config, as the run would write it (the trainer's schema brings torch: checked last); the
+    trees by service."""
     from zerobubble.tooling.launcher.dry_run import DryRun
 
     made_here = Path("(made by up)")
     train = config.train_data or made_here / "train.jsonl"
     held_out = config.eval_data or (made_here / "eval.jsonl" if config.train_data is None else None)
-    DryRun(config).launch(RunAssets(model=config.model or made_here, train=train, eval=held_out))
+    dry = DryRun(config)
+    dry.launch(RunAssets(model=config.model or made_here, train=train, eval=held_out))
+    return dry.trees

@@ -89,6 +89,11 @@ def reference_overrides(args) -> dict[str, Any]:
     return out
 
 
+def reference_flags(args) -> dict[str, str]:
+    """Dotted UpConfig fields -> the flag that set it, for the flags given on the command line."""
+    return {flag.target: flag.flags[0] for flag in FLAGS if getattr(args, _dest(flag)) is not None}
+
+
 def markdown_table() -> str:
     rows = ["| rl_example.py flag | `zerobubble up` setting | meaning |", "|---|---|---|"]
     rows += [f"| `{' / '.join(f.flags)}` | `{f.target}` | {f.help} |" for f in FLAGS]

@@ -175,7 +175,14 @@ def with_schedule_length(trainer: dict, train_rows, epochs: int) -> dict:
     steps = train_rows() * epochs // batch.groups_per_step
     if trainer.get("max_steps") is not None:
         steps = min(steps, trainer["max_steps"])
-    return merge(trainer, {"strategy": {"optim": {"total_steps": max(1, steps) * batch.mini_batches}}})
+    total = max(1, steps) * batch.mini_batches
+    warmup = optim.get("warmup_steps", 0)
+    if total <= warmup:
+        raise ConfigError(f"trainer.strategy.optim.warmup_steps: the run makes {total} optimizer steps "
+                          f"({train_rows()} rows x {epochs} epochs // {batch.groups_per_step} groups a step), no "
+                          f"more than its {warmup} warm-up steps: lower warmup_steps or trainer.batch.groups_per_step, "
+                          f"or set trainer.strategy.optim.total_steps")
+    return merge(trainer, {"strategy": {"optim": {"total_steps": total}}})
 
 
 def _interrupt(signum, _frame):

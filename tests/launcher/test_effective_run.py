@@ -1,0 +1,90 @@
+"""The first run on one's own model: settings for a real model unless the demo is asked for, shipped configs by
+name, and `--dry-run` showing the effective run (what differs from the defaults, where from, what is derived)
+without starting anything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from zerobubble.common.config import ConfigError
+from zerobubble.tooling.cli import main
+from zerobubble.tooling.configs import GENERAL, named
+from zerobubble.tooling.launcher.commands import up_config
+from zerobubble.tooling.launcher.config import UpConfig
+
+ROW = {"messages": [{"role": "user", "content": "What is 1+1?"}], "gt_answer": "2"}
+
+
+@pytest.fixture
+def rows(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({**ROW, "id": i}) + "\n" for i in range(400)))
+    return path
+
+
+@pytest.fixture
+def no_children(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args}")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+def parse(*argv: str):
+    import argparse
+
+    from zerobubble.tooling.launcher.commands import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["up", *argv])
+
+
+def test_your_own_model_or_data_starts_from_the_general_default_not_the_demos(rows, tmp_path):
+    demo = up_config(parse())
+    assert demo.run.max_new_tokens == 16 and demo.run.algorithm == "DR_GRPO"
+    for argv in (("-d", str(rows)), ("-m", str(tmp_path)), ("--set", f"model={tmp_path}")):
+        config = up_config(parse(*argv))
+        assert config.run.max_new_tokens == 512 and config.run.algorithm == "GRPO", argv
+        assert config.rollout.get("reward", {}).get("system_prompt") is None, "the verifier's own prompt"
+        assert config.trainer["strategy"]["optim"]["lr"] == pytest.approx(1e-6)
+    # A config of one's own gets the schema's defaults under it, never the demo's 16 tokens.
+    own = tmp_path / "mine.yaml"
+    own.write_text(f"train_data: {rows}\n")
+    assert up_config(parse("--config", str(own))).run.max_new_tokens == UpConfig().run.max_new_tokens == 256
+
+
+def test_shipped_configs_are_found_by_name_and_a_wrong_name_lists_them(tmp_path):
+    assert named(type(GENERAL)("general")) == GENERAL
+    template = up_config(parse("--config", "qwen2.5-0.5b-instruct-gsm8k"))
+    assert template.run.verifier == "boxed" and template.run.max_new_tokens == 512
+    with pytest.raises(ConfigError, match="no shipped config of that name .*qwen2.5-0.5b-instruct-gsm8k"):
+        up_config(parse("--config", "qwen-typo"))
+
+
+def test_dry_run_shows_each_setting_its_source_and_what_is_derived_and_starts_nothing(rows, tmp_path, capsys,
+                                                                                      no_children):
+    run_dir = tmp_path / "run"
+    code = main(["up", "-d", str(rows), "-lr", "2e-6", "--set", "run.max_new_tokens=300", "--set",
+                 f"run_dir={run_dir}", "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert "(-lr)" in lines["trainer.strategy.optim.lr"] and "2e-06" in lines["trainer.strategy.optim.lr"]
+    assert "(--set run.max_new_tokens)" in lines["run.max_new_tokens"]
+    assert "(general.yaml)" in lines["trainer.strategy.optim.schedule"]
+    # 400 rows x 1 epoch // 16 groups a step = 25 steps of the cosine, derived.
+    total = lines["trainer.strategy.optim.total_steps"]
+    assert " 25 " in total and "derived" in total
+    assert "nothing was started" in out
+    assert not run_dir.exists() and not (tmp_path / ".assets").exists()
+
+
+def test_a_schedule_too_short_for_its_warm_up_is_refused_naming_the_field(tmp_path, capsys, no_children):
+    few = tmp_path / "few.jsonl"
+    few.write_text("".join(json.dumps(ROW) + "\n" for _ in range(40)))
+    assert main(["up", "-d", str(few), "--dry-run"]) == 2
+    assert "trainer.strategy.optim.warmup_steps: the run makes 2 optimizer steps (40 rows" in capsys.readouterr().err
