@@ -35,7 +35,7 @@ from zerobubble.buffer.store import ExperienceStore, ProducerDedup, StoredGroup
 from zerobubble.buffer.validation import check_group
 from zerobubble.buffer.wal import Record, WriteAheadLog
 from zerobubble.common.conditions import AwaitableCondition
-from zerobubble.common.errors import InvalidInput, TemporarilyUnavailable, TooLarge
+from zerobubble.common.errors import InvalidInput, NotYours, TemporarilyUnavailable, TooLarge
 from zerobubble.common.version import is_stale
 from zerobubble.v1 import buffer_pb2, common_pb2
 
@@ -139,6 +139,9 @@ class Buffer:
         # When each unacknowledged delivery goes back to the queue (by `clock`); not logged, as no stream that
         # could still acknowledge one outlives the process.
         self._ack_deadlines: dict[int, float] = {}
+        # Which rank's stream each unacknowledged delivery went to: only that rank may claim it. In memory, as the
+        # deadlines are: a restart sends every unacknowledged delivery again.
+        self._receivers: dict[int, int] = {}
         self.wal = WriteAheadLog(config.wal.directory, fsync=config.wal.fsync,
                                  interval_seconds=config.wal.interval_seconds, reuse_files=config.wal.reuse_files)
         with self._cond:
@@ -246,6 +249,7 @@ class Buffer:
         self.store.give_back(deliveries)
         for delivery in deliveries:
             self._ack_deadlines.pop(delivery, None)
+            self._receivers.pop(delivery, None)
 
     def _finish_prompt(self, meta: dict[str, Any]) -> None:
         key = (meta["epoch"], meta["index"])
@@ -395,7 +399,7 @@ class Buffer:
         if not 0 <= wait_seconds <= self.config.pull.max_wait_seconds:
             raise InvalidInput(f"expected 0 to {self.config.pull.max_wait_seconds}, got {wait_seconds}",
                                field="wait_seconds")
-        return PullStream(self, max_groups, self.clock() + wait_seconds)
+        return PullStream(self, rank, max_groups, self.clock() + wait_seconds)
 
     def pull(self, rank: int, world_size: int, max_groups: int, wait_seconds: float) -> Iterator[Pulled]:
         """open_pull's groups, waiting in this thread."""
@@ -460,6 +464,7 @@ class Buffer:
             self._log(Kind.DELIVERED, {"gid": group.gid, "delivery": delivery, "unacked": True})
             # Until the stream ends (at the latest when its wait does) and its receiver had time to answer.
             self._ack_deadlines[delivery] = max(self.clock(), stream.deadline) + self.config.pull.ack_timeout_seconds
+            self._receivers[delivery] = stream.rank
             self._cond.notify_all()
             return Pulled(payload, delivery)
         if self.finished_for(stream):
@@ -476,9 +481,10 @@ class Buffer:
         seconds, holding no thread."""
         return await self._cond.wait_for_async(predicate, timeout)
 
-    def acknowledge(self, deliveries: Sequence[int]) -> list[int]:
-        """The receiver has these deliveries; returns those it may not keep (they went back to the queue, or
-        were never its own in this buffer's life), which will be delivered again."""
+    def acknowledge(self, deliveries: Sequence[int], rank: int = 0) -> list[int]:
+        """The receiver, trainer rank `rank`, has these deliveries; returns those it may not keep (they went back
+        to the queue, or were never its own in this buffer's life), which will be delivered again. A delivery
+        still out to another rank is refused whole (nothing acknowledged): its own rank may yet claim it."""
         limit = self.config.pull.max_groups
         if len(deliveries) > limit:
             raise TooLarge(f"{len(deliveries)} deliveries, over the limit of {limit}", field="deliveries")
@@ -488,11 +494,17 @@ class Buffer:
                     raise InvalidInput(f"must be at least 1, got {delivery}", field=f"deliveries[{i}]")
                 self.store.check_delivery(delivery, field=f"deliveries[{i}]")
             self._return_overdue()
+            for i, delivery in enumerate(deliveries):
+                receiver = self._receivers.get(delivery, rank)
+                if receiver != rank:
+                    raise NotYours(f"delivery {delivery} went to rank {receiver}'s stream, not rank {rank}'s: "
+                                         f"only its receiver may acknowledge it", field=f"deliveries[{i}]")
             fresh = sorted({d for d in deliveries if d in self.store.unacked})
             if fresh:
                 self._log(Kind.ACKED, {"deliveries": fresh})
                 for delivery in fresh:
                     del self._ack_deadlines[delivery]
+                    del self._receivers[delivery]
             return [d for d in deliveries if d not in self.store.delivered]
 
     def commit(self, delivery: int, *, resume: bool = False) -> None:
@@ -550,8 +562,9 @@ class Buffer:
 class PullStream:
     """One PullBatch: what it sent, how many groups it still wants, until when it may wait for them."""
 
-    def __init__(self, buffer: Buffer, wanted: int, deadline: float):
+    def __init__(self, buffer: Buffer, rank: int, wanted: int, deadline: float):
         self.buffer = buffer
+        self.rank = rank
         self.wanted = wanted
         self.deadline = deadline  # by the buffer's clock, as every deadline of the buffer is
         self.sent: list[int] = []

@@ -142,7 +142,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
 
     @translate_errors
     def Acknowledge(self, request, context):
-        return buffer_pb2.AcknowledgeReply(refused=self.core.acknowledge(request.deliveries))
+        return buffer_pb2.AcknowledgeReply(refused=self.core.acknowledge(request.deliveries, request.rank))
 
     @translate_errors
     def Commit(self, request, context):

@@ -27,6 +27,12 @@ def open_channel(config: ClientConfig) -> grpc.Channel:
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
+        # Long streams (PullBatch, WatchWeights, PushExperience) are quiet for minutes: the pings keep them
+        # answering the server's keepalive and find a peer that went away without closing.
+        ("grpc.keepalive_time_ms", int(config.keepalive_seconds * 1000)),
+        ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_seconds * 1000)),
+        ("grpc.http2.ping_timeout_ms", int(config.keepalive_timeout_seconds * 1000)),
+        ("grpc.http2.max_pings_without_data", 0),
     ]
     tls = config.tls
     if not tls.enabled:

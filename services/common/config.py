@@ -101,6 +101,55 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+class ConnectionLimits(Schema):
+    """How long a gRPC connection may sit quiet, and how much one may hold. A peer that completes the HTTP/2
+    handshake and then says nothing costs the server a descriptor until one of these closes it; without them
+    such connections stay forever, and enough of them leave no descriptor for a real caller."""
+
+    idle_seconds: float = Field(60.0, gt=0, description="a connection with no call open for this long is sent "
+                                "GOAWAY and closed (grpc.max_connection_idle_ms)")
+    keepalive_seconds: float = Field(30.0, gt=0, description="the server pings a connection quiet for this long, "
+                                     "calls open or not (grpc.keepalive_time_ms)")
+    keepalive_timeout_seconds: float = Field(10.0, gt=0, description="a ping not answered within this closes the "
+                                             "connection and its calls (grpc.keepalive_timeout_ms)")
+    max_age_seconds: float | None = Field(None, gt=0, description="every connection is sent GOAWAY after this long "
+                                          "(grpc.max_connection_age_ms); null: no limit, as streams such as "
+                                          "PullBatch and WatchWeights live for the whole run")
+    age_grace_seconds: float = Field(30.0, ge=0, description="after max_age_seconds, how long the calls open on "
+                                     "the connection may finish before it is closed (grpc.max_connection_age_grace_ms)")
+    min_client_ping_seconds: float = Field(10.0, gt=0, description="a client pinging more often than this is sent "
+                                           "GOAWAY (grpc.http2.min_ping_interval_without_data_ms); clients of this "
+                                           "project ping every ClientConfig.keepalive_seconds")
+    max_concurrent_streams: int = Field(4096, gt=0, description="calls open at once on one connection "
+                                        "(grpc.max_concurrent_streams)")
+    max_connections: int | None = Field(None, gt=0, description="connections accepted at once; those beyond are "
+                                        "closed at accept (grpc.max_allowed_incoming_connections); null: no limit "
+                                        "but the process's descriptors")
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        def ms(seconds: float) -> int:
+            return int(seconds * 1000)
+
+        options = [
+            ("grpc.max_connection_idle_ms", ms(self.idle_seconds)),
+            ("grpc.keepalive_time_ms", ms(self.keepalive_seconds)),
+            ("grpc.keepalive_timeout_ms", ms(self.keepalive_timeout_seconds)),
+            # grpc waits this long for any ping's answer (a minute unless set), whatever the keepalive timeout.
+            ("grpc.http2.ping_timeout_ms", ms(self.keepalive_timeout_seconds)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            # Server pings are not to be held back waiting for data on a quiet connection: that is when they matter.
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.min_ping_interval_without_data_ms", ms(self.min_client_ping_seconds)),
+            ("grpc.max_concurrent_streams", self.max_concurrent_streams),
+        ]
+        if self.max_age_seconds is not None:
+            options += [("grpc.max_connection_age_ms", ms(self.max_age_seconds)),
+                        ("grpc.max_connection_age_grace_ms", ms(self.age_grace_seconds))]
+        if self.max_connections is not None:
+            options.append(("grpc.max_allowed_incoming_connections", self.max_connections))
+        return options
+
+
 class ServerConfig(BearerToken):
     listen: str = "127.0.0.1:0"
     metrics_port: int | None = Field(0, description="Prometheus /metrics port; 0 picks one, null disables")
@@ -110,6 +159,7 @@ class ServerConfig(BearerToken):
                              "that wait hold none")
     grace_seconds: float = Field(10.0, ge=0, description="on SIGTERM, how long in-flight calls may finish; "
                                  "those still open then are cancelled")
+    connections: ConnectionLimits = ConnectionLimits()
     tls: TLSConfig = TLSConfig()
 
     @field_validator("listen")
@@ -141,6 +191,11 @@ class ClientConfig(BearerToken):
     retry_seconds: float = Field(60.0, ge=0, description="how long a call is retried while the peer is unavailable "
                                  "(a worker's or trainer's own loop: also busy or slow) before its error stands")
     max_message_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    keepalive_seconds: float = Field(60.0, gt=0, description="the client pings a connection with a call open but "
+                                     "quiet for this long, so a peer gone without a word ends the call; at least "
+                                     "the server's connections.min_client_ping_seconds, or the server hangs up")
+    keepalive_timeout_seconds: float = Field(20.0, gt=0, description="a ping not answered within this ends the "
+                                             "connection's calls with UNAVAILABLE")
     tls: TLSConfig = TLSConfig()
 
     def exposure(self, token: str | None) -> str | None:

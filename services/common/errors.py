@@ -35,6 +35,10 @@ class Unavailable(ServiceError):
     """A needed facility is unavailable on this host (FAILED_PRECONDITION)."""
 
 
+class NotYours(ServiceError):
+    """The request is well formed but claims what belongs to another caller (FAILED_PRECONDITION)."""
+
+
 def check_size(text: str, limit: int, field: str, setting: str) -> None:
     """Raise TooLarge when `text` takes more than `limit` UTF-8 bytes (what the wire and any copy of it cost),
     naming the field and the setting that bounds it."""

@@ -308,6 +308,7 @@ class ServiceHost:
         self._stopped = threading.Event()
         self._exit = threading.Event()
         self.exit_code = 0
+        self.stopped_by: int | None = None  # the signal that stopped run_until_signal, if one did
         self._token = config.bearer_token()
         if warning := config.exposure(self._token):
             log.warning("%s: %s", name, warning)
@@ -367,6 +368,7 @@ class ServiceHost:
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
                 ("grpc.so_reuseport", 0),
+                *self.config.connections.grpc_options(),
             ],
         )
         self._health = health.aio.HealthServicer()
@@ -446,6 +448,7 @@ class ServiceHost:
 
         def handle(signum, _frame):
             log.info("%s: %s received, shutting down", self.name, signal.Signals(signum).name)
+            self.stopped_by = signum
             self._exit.set()
 
         signal.signal(signal.SIGTERM, handle)

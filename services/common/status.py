@@ -19,6 +19,7 @@ STATUS_OF: dict[type[errors.ServiceError], grpc.StatusCode] = {
     errors.TemporarilyUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.Unavailable: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.NotYours: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 import torch
@@ -45,12 +47,13 @@ def reference_model(config: TrainerServiceConfig, device: torch.device, dtype: t
 class TrainerControl:
     """What the Status and SaveCheckpoint RPCs see of the loop."""
 
-    def __init__(self, loop: TrainingLoop):
+    def __init__(self, loop: TrainingLoop, state: Callable[[], str]):
         self.loop = loop
+        self.state = state
 
     def status(self) -> dict:
         return {"step": self.loop.step, "policy_version": self.loop.policy_version,
-                "last_checkpoint": self.loop.last_checkpoint}
+                "last_checkpoint": self.loop.last_checkpoint, "state": self.state()}
 
     def save_checkpoint(self, tag: str) -> tuple[str, int]:
         """The checkpoint taken at the loop's next safe point: at once while it waits for data, else once the step
@@ -72,7 +75,8 @@ class TrainerControl:
 
 class TrainerHost(ServiceHost):
     """Serves the trainer's RPCs and runs training on a thread; the process exits 0 when training is
-    done, 1 if it failed."""
+    done, 1 if it failed, and 128 + the signal's number when a signal stopped it before the end (the shell's
+    convention): a launcher then knows the run is not over."""
 
     def __init__(self, config: TrainerServiceConfig):
         # Before the model loads: a trainer that disagrees with the run must not train on its groups.
@@ -111,7 +115,8 @@ class TrainerHost(ServiceHost):
         self.loop = TrainingLoop(config, self.strategy, update, self.buffer, pad_id=pad_id,
                                  metrics=TrainerMetrics(self.registry), broadcaster=self.broadcaster)
         self.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
-                 TrainerServicer(self.broadcaster, TrainerControl(self.loop)), SERVICE.full_name)
+                 TrainerServicer(self.broadcaster, TrainerControl(self.loop, lambda: self.state)), SERVICE.full_name)
+        self.state = "training"
         self._thread = threading.Thread(target=self._train, name="trainer-loop", daemon=True)
 
     def _train(self) -> None:
@@ -121,9 +126,24 @@ class TrainerHost(ServiceHost):
             self.loop.run()
         except BaseException as exc:
             log.exception("training failed")
+            self.state = f"failed: {exc!r}"
             self.exit(1, f"training failed: {exc!r}")
             return
-        self.exit(0, f"training finished at step {self.loop.step} (policy version {self.loop.policy_version})")
+        where = f"at step {self.loop.step} (policy version {self.loop.policy_version})"
+        if self.loop.stopping.is_set():
+            # Only a signal (or stop() from a caller that owns this host) stops the loop before its end.
+            reason = signal.Signals(self.stopped_by).name if self.stopped_by else "a stop request"
+            self.state = f"stopped by {reason}"
+            log.warning("training stopped by %s %s, before the end of the run", reason, where)
+            return
+        self.state = "finished"
+        self.exit(0, f"training finished {where}")
+
+    def run_until_signal(self) -> int:
+        code = super().run_until_signal()
+        if code == 0 and self.state != "finished" and self.stopped_by:
+            return 128 + self.stopped_by
+        return code
 
     def start(self) -> TrainerHost:
         super().start()

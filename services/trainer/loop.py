@@ -262,7 +262,8 @@ class TrainingLoop:
         if not received.groups:
             return received
         # Retried here alone, not inside the client as well.
-        refused = until_done(lambda: self.buffer.acknowledge(received.deliveries, retry=False), what="acknowledge",
+        refused = until_done(lambda: self.buffer.acknowledge(received.deliveries, rank=received.rank,
+                                                                      retry=False), what="acknowledge",
                              **retry)
         return received.keeping(refused)
 

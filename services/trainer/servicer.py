@@ -65,7 +65,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                     "synced_version": figures["synced_version"], "group_epoch": figures["group_epoch"]}
         return trainer_pb2.TrainerStatusReply(
             step=training["step"], policy_version=training["policy_version"],
-            last_checkpoint=training.get("last_checkpoint") or "", **sync,
+            last_checkpoint=training.get("last_checkpoint") or "", state=training["state"], **sync,
         )
 
     @translate_errors

@@ -153,6 +153,25 @@ def test_acknowledge_refuses_deliveries_that_were_never_made(serve):
         assert refused.value.code() == code and refused.value.details().startswith(f"{field}:")
 
 
+def test_a_rank_may_acknowledge_only_what_its_own_stream_received(serve):
+    # Rank 0 claiming rank 1's groups would leave them unsent for good were rank 1's stream cut: refused whole,
+    # and rank 1 still claims them.
+    _, client = serve()
+    prompts = list(client.lease("w", 4).prompts)
+    assert all(a.stored for a in push_all(client, prompts))
+    mine = client.receive(0, 2, 2)
+    theirs = client.receive(1, 2, 2)
+    assert len(mine.groups) == len(theirs.groups) == 2
+    with pytest.raises(grpc.RpcError) as refused:
+        client.acknowledge([*mine.deliveries, theirs.deliveries[1]], rank=0)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.details().startswith("deliveries[2]:") and "rank 1" in refused.value.details()
+    assert client.stats().unacknowledged == 4, "a refused acknowledgement claims nothing"
+    assert client.acknowledge(theirs.deliveries, rank=1) == []
+    assert client.acknowledge(mine.deliveries, rank=0) == []
+    assert client.stats().unacknowledged == 0
+
+
 # Nothing poisonous is stored.
 
 def set_array(field, values, dtype):

@@ -259,3 +259,51 @@ def test_tls_and_mutual_tls(pki):
                 plain.unary("Echo", b"x")
     finally:
         host.stop(0)
+
+
+QUIET_LIMITS = {"idle_seconds": 1.0, "keepalive_seconds": 1.0, "keepalive_timeout_seconds": 1.0}
+
+
+@pytest.mark.parametrize("open_stream", [None, f"/{SERVICE}/Stream"], ids=["no call", "a call open"])
+def test_connections_quiet_after_the_handshake_are_closed_within_the_limits(open_stream):
+    # With no call open the idle limit closes it; with one open, the unanswered keepalive ping does.
+    host, _ = start(connections=QUIET_LIMITS)
+    try:
+        quiet = [wire.quiet_http2(host.address, open_stream=open_stream) for _ in range(20)]
+        try:
+            assert statistics.median(health_check_seconds(host.address)) < 0.1
+            # idle or keepalive (1 s) plus the unanswered ping's timeout (1 s), and the timers' slack
+            closed = [wire.closed_within(sock, 6.0) for sock in quiet]
+        finally:
+            for sock in quiet:
+                sock.close()
+        assert None not in closed, closed
+        assert statistics.median(health_check_seconds(host.address)) < 0.1
+    finally:
+        host.stop(0)
+
+
+def test_a_quiet_grpc_client_with_a_long_stream_is_not_cut_by_the_limits():
+    # grpc clients answer the server's pings: a stream quiet for longer than every limit stays open.
+    host, _ = start(connections=QUIET_LIMITS)
+
+    def requests():
+        yield b"before"
+        time.sleep(4.0)
+        yield b"after"
+
+    try:
+        with EchoClient(ClientConfig(address=host.address, timeout_seconds=30, retry_seconds=0)) as client:
+            assert list(client.stub.Stream(requests(), timeout=30)) == [b"before", b"after"]
+    finally:
+        host.stop(0)
+
+
+def test_connection_limits_reach_grpc_as_its_options():
+    options = dict(ServerConfig(connections={"idle_seconds": 2, "max_age_seconds": 5, "max_connections": 7})
+                   .connections.grpc_options())
+    assert options["grpc.max_connection_idle_ms"] == 2000
+    assert options["grpc.max_connection_age_ms"] == 5000
+    assert options["grpc.max_connection_age_grace_ms"] == 30000
+    assert options["grpc.max_allowed_incoming_connections"] == 7
+    assert "grpc.max_connection_age_ms" not in dict(ServerConfig().connections.grpc_options())

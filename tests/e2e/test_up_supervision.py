@@ -90,3 +90,31 @@ def test_a_trainer_killed_before_its_first_checkpoint_is_given_its_groups_again(
         kill_session(up, run_dir)
     assert "restarting trainer" in output.read_text()
     assert_every_group_accounted_for(run_dir, prompts)
+
+
+def test_a_trainer_stopped_by_a_signal_up_did_not_send_is_resumed_and_a_stopped_up_says_the_run_is_unfinished(
+        tmp_path):
+    # A `docker stop` of the trainer's container or a stray kill is no end of the run: up restarts the trainer with
+    # resume. Up stopped by the user says the run did not finish, exits non-zero and prints no final summary.
+    run_dir, output = tmp_path / "run", tmp_path / "up.out"
+    up = start_up(run_dir, output, **{"buffer.prompts.epochs": 50})
+    try:
+        wait_for(lambda: len(service_pids(run_dir)) == 4 and steps_trained(run_dir) >= 1, 240,
+                 "every service and a first step", up, output)
+        first = service_pids(run_dir)["trainer"]
+        os.kill(first, signal.SIGTERM)
+        wait_for(lambda: service_pids(run_dir).get("trainer") not in (None, first), 120,
+                 "the trainer to be restarted", up, output)
+        said = output.read_text()
+        assert "trainer was stopped by SIGTERM (exit code 143); restarting trainer" in said, tail(output)
+        assert "training finished" not in (run_dir / "logs" / "trainer.log").read_text()
+        step = steps_trained(run_dir)
+        wait_for(lambda: steps_trained(run_dir) > step, 180, "training to go on after the restart", up, output)
+
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(120) == 130, tail(output)
+        said = output.read_text()
+        assert "the run did not finish" in said, tail(output)
+        assert '"wall_seconds"' not in said, tail(output)
+    finally:
+        kill_session(up, run_dir)

@@ -71,7 +71,7 @@ class StubControl:
         self.step = 0
 
     def status(self) -> dict:
-        return {"step": self.step, "policy_version": self.step, "last_checkpoint": ""}
+        return {"step": self.step, "policy_version": self.step, "last_checkpoint": "", "state": "training"}
 
     def save_checkpoint(self, tag: str) -> tuple[str, int]:
         return f"/checkpoints/{tag or self.step}", self.step

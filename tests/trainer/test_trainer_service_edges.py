@@ -4,12 +4,16 @@ SaveCheckpoint that answers while the trainer waits for data, and a checkpoint t
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+import yaml
 from stack import start_buffer, tiny_assets
 from sync_helpers import trainer_service
 
@@ -156,4 +160,44 @@ def test_a_trainer_refuses_a_run_spec_its_config_contradicts(assets, tmp_path):
         # Refused before it trained or told the buffer anything.
         assert not (tmp_path / "run" / "metrics.jsonl").exists() and buffer.core.policy_version == 0
     finally:
+        buffer.stop(0.5)
+
+
+@pytest.mark.parametrize("weight_sync", [None, {}], ids=["alone", "with weight sync"])
+def test_sigterm_stops_a_serving_trainer_with_its_checkpoint_and_says_the_run_is_not_over(assets, tmp_path,
+                                                                                           weight_sync):
+    # A trainer stopped mid-run by a signal (a `docker stop`, a stray kill) is not a finished run: it says so in
+    # its log and exit code, and its last checkpoint lets a restart go on from the step it reached.
+    model, train, _ = assets
+    buffer = start_buffer(train, tmp_path / "wal", **RUN_SPEC)
+    config = {"server": {"listen": "127.0.0.1:0", "metrics_port": None, "grace_seconds": 10.0},
+              "model": str(model), "run_dir": str(tmp_path / "run"), "buffer": {"address": buffer.address},
+              "weight_sync": weight_sync, "torch_threads": 1,
+              "batch": {"groups_per_step": 2, "micro_batch_samples": 4, "max_new_tokens": 4},
+              "checkpoint": {"interval_steps": 100}}
+    (tmp_path / "trainer.yaml").write_text(yaml.safe_dump(config))
+    log = tmp_path / "trainer.log"
+    with open(log, "w") as stderr:
+        trainer = subprocess.Popen([sys.executable, "-m", "zerobubble", "serve", "trainer", "--config",
+                                    str(tmp_path / "trainer.yaml")], stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        line = trainer.stdout.readline()
+        assert line, log.read_text()
+        with TrainerClient(json.loads(line)["address"]) as client:
+            push_groups(buffer.address, 2, "first")
+            wait_for(lambda: client.status(timeout=DEADLINE_S).step == 1, "the first step")
+            assert client.status(timeout=DEADLINE_S).state == "training"
+        started = time.monotonic()
+        trainer.send_signal(signal.SIGTERM)
+        code = trainer.wait(60)
+        seconds = time.monotonic() - started
+        assert code == 128 + signal.SIGTERM, log.read_text()
+        assert seconds < 10.0 + 2.0, f"exit took {seconds:.1f} s with a grace of 10 s"
+        assert "training stopped by SIGTERM at step 1" in log.read_text()
+        assert "training finished" not in log.read_text()
+        saved = sorted((tmp_path / "run" / "checkpoints").glob("*/trainer_state.json"))
+        assert saved and json.loads(saved[-1].read_text())["step"] == 1, log.read_text()
+    finally:
+        trainer.kill()
+        trainer.wait()
         buffer.stop(0.5)

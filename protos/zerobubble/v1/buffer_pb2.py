@@ -15,15 +15,15 @@ _sym_db = _symbol_database.Default()
 from zerobubble.v1 import common_pb2 as zerobubble_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1azerobubble/v1/buffer.proto\x12\rzerobubble.v1\x1a\x1azerobubble/v1/common.proto\"0\n\x0cLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\"\xd6\x01\n\nLeaseReply\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12&\n\x07prompts\x18\x02 \x03(\x0b\x32\x15.zerobubble.v1.Prompt\x12\x1a\n\x12\x65xpires_in_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x65nd_of_data\x18\x04 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x12\n\nepoch_size\x18\x06 \x01(\x03\x12\x16\n\x0e\x65poch_finished\x18\x07 \x01(\x03\x12\x19\n\x11training_finished\x18\x08 \x01(\x08\"<\n\x14\x43ompleteLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\t\"\x14\n\x12\x43ompleteLeaseReply\"\x9d\x01\n\x07PushAck\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x0e\n\x06stored\x18\x03 \x01(\x08\x12\x10\n\x08\x66iltered\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x05 \x01(\x05\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12,\n\nnot_stored\x18\x07 \x01(\x0e\x32\x18.zerobubble.v1.NotStored\"k\n\x0bPullRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01J\x04\x08\x05\x10\x06R\ntrainer_id\"c\n\x0bPulledGroup\x12-\n\x05group\x18\x01 \x01(\x0b\x32\x1e.zerobubble.v1.ExperienceGroup\x12\x10\n\x08\x64\x65livery\x18\x02 \x01(\x03\x12\x13\n\x0b\x65nd_of_data\x18\x03 \x01(\x08\"(\n\x12\x41\x63knowledgeRequest\x12\x12\n\ndeliveries\x18\x01 \x03(\x03\"#\n\x10\x41\x63knowledgeReply\x12\x0f\n\x07refused\x18\x01 \x03(\x03\"O\n\rCommitRequest\x12\x10\n\x08\x64\x65livery\x18\x02 \x01(\x03\x12\x0e\n\x06resume\x18\x04 \x01(\x08J\x04\x08\x01\x10\x02J\x04\x08\x03\x10\x04R\ntrainer_idR\x04step\"\r\n\x0b\x43ommitReply\"E\n\x17SetPolicyVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x19\n\x11training_finished\x18\x02 \x01(\x08\"\x17\n\x15SetPolicyVersionReply\"\x0e\n\x0cStatsRequest\"\x8a\x02\n\nStatsReply\x12\x15\n\rqueued_groups\x18\x01 \x01(\x03\x12\x14\n\x0cqueued_bytes\x18\x02 \x01(\x03\x12\x11\n\tgroups_in\x18\x03 \x01(\x03\x12\x12\n\ngroups_out\x18\x04 \x01(\x03\x12\x10\n\x08\x66iltered\x18\x05 \x01(\x03\x12\x15\n\rstale_dropped\x18\x06 \x01(\x03\x12\x19\n\x11lease_expirations\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x03\x12\x16\n\x0epolicy_version\x18\t \x01(\x03\x12\x13\n\x0b\x65nd_of_data\x18\n \x01(\x08\x12\x16\n\x0eunacknowledged\x18\x0b \x01(\x03\x12\x10\n\x08returned\x18\x0c \x01(\x03\"\x13\n\x11GetRunSpecRequest\"$\n\x0fGetRunSpecReply\x12\x11\n\tspec_json\x18\x01 \x01(\t*v\n\tNotStored\x12\x1a\n\x16NOT_STORED_UNSPECIFIED\x10\x00\x12\x18\n\x14NOT_STORED_DUPLICATE\x10\x01\x12\x1a\n\x16NOT_STORED_PROMPT_DONE\x10\x02\x12\x17\n\x13NOT_STORED_ACCURACY\x10\x03\x32\xcf\x05\n\rBufferService\x12\x46\n\x0cLeasePrompts\x12\x1b.zerobubble.v1.LeaseRequest\x1a\x19.zerobubble.v1.LeaseReply\x12W\n\rCompleteLease\x12#.zerobubble.v1.CompleteLeaseRequest\x1a!.zerobubble.v1.CompleteLeaseReply\x12L\n\x0ePushExperience\x12\x1e.zerobubble.v1.ExperienceGroup\x1a\x16.zerobubble.v1.PushAck(\x01\x30\x01\x12\x45\n\tPullBatch\x12\x1a.zerobubble.v1.PullRequest\x1a\x1a.zerobubble.v1.PulledGroup0\x01\x12Q\n\x0b\x41\x63knowledge\x12!.zerobubble.v1.AcknowledgeRequest\x1a\x1f.zerobubble.v1.AcknowledgeReply\x12\x42\n\x06\x43ommit\x12\x1c.zerobubble.v1.CommitRequest\x1a\x1a.zerobubble.v1.CommitReply\x12`\n\x10SetPolicyVersion\x12&.zerobubble.v1.SetPolicyVersionRequest\x1a$.zerobubble.v1.SetPolicyVersionReply\x12?\n\x05Stats\x12\x1b.zerobubble.v1.StatsRequest\x1a\x19.zerobubble.v1.StatsReply\x12N\n\nGetRunSpec\x12 .zerobubble.v1.GetRunSpecRequest\x1a\x1e.zerobubble.v1.GetRunSpecReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1azerobubble/v1/buffer.proto\x12\rzerobubble.v1\x1a\x1azerobubble/v1/common.proto\"0\n\x0cLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\"\xd6\x01\n\nLeaseReply\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12&\n\x07prompts\x18\x02 \x03(\x0b\x32\x15.zerobubble.v1.Prompt\x12\x1a\n\x12\x65xpires_in_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x65nd_of_data\x18\x04 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x12\n\nepoch_size\x18\x06 \x01(\x03\x12\x16\n\x0e\x65poch_finished\x18\x07 \x01(\x03\x12\x19\n\x11training_finished\x18\x08 \x01(\x08\"<\n\x14\x43ompleteLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\t\"\x14\n\x12\x43ompleteLeaseReply\"\x9d\x01\n\x07PushAck\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x0e\n\x06stored\x18\x03 \x01(\x08\x12\x10\n\x08\x66iltered\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x05 \x01(\x05\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12,\n\nnot_stored\x18\x07 \x01(\x0e\x32\x18.zerobubble.v1.NotStored\"k\n\x0bPullRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01J\x04\x08\x05\x10\x06R\ntrainer_id\"c\n\x0bPulledGroup\x12-\n\x05group\x18\x01 \x01(\x0b\x32\x1e.zerobubble.v1.ExperienceGroup\x12\x10\n\x08\x64\x65livery\x18\x02 \x01(\x03\x12\x13\n\x0b\x65nd_of_data\x18\x03 \x01(\x08\"6\n\x12\x41\x63knowledgeRequest\x12\x12\n\ndeliveries\x18\x01 \x03(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\"#\n\x10\x41\x63knowledgeReply\x12\x0f\n\x07refused\x18\x01 \x03(\x03\"O\n\rCommitRequest\x12\x10\n\x08\x64\x65livery\x18\x02 \x01(\x03\x12\x0e\n\x06resume\x18\x04 \x01(\x08J\x04\x08\x01\x10\x02J\x04\x08\x03\x10\x04R\ntrainer_idR\x04step\"\r\n\x0b\x43ommitReply\"E\n\x17SetPolicyVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x19\n\x11training_finished\x18\x02 \x01(\x08\"\x17\n\x15SetPolicyVersionReply\"\x0e\n\x0cStatsRequest\"\x8a\x02\n\nStatsReply\x12\x15\n\rqueued_groups\x18\x01 \x01(\x03\x12\x14\n\x0cqueued_bytes\x18\x02 \x01(\x03\x12\x11\n\tgroups_in\x18\x03 \x01(\x03\x12\x12\n\ngroups_out\x18\x04 \x01(\x03\x12\x10\n\x08\x66iltered\x18\x05 \x01(\x03\x12\x15\n\rstale_dropped\x18\x06 \x01(\x03\x12\x19\n\x11lease_expirations\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x03\x12\x16\n\x0epolicy_version\x18\t \x01(\x03\x12\x13\n\x0b\x65nd_of_data\x18\n \x01(\x08\x12\x16\n\x0eunacknowledged\x18\x0b \x01(\x03\x12\x10\n\x08returned\x18\x0c \x01(\x03\"\x13\n\x11GetRunSpecRequest\"$\n\x0fGetRunSpecReply\x12\x11\n\tspec_json\x18\x01 \x01(\t*v\n\tNotStored\x12\x1a\n\x16NOT_STORED_UNSPECIFIED\x10\x00\x12\x18\n\x14NOT_STORED_DUPLICATE\x10\x01\x12\x1a\n\x16NOT_STORED_PROMPT_DONE\x10\x02\x12\x17\n\x13NOT_STORED_ACCURACY\x10\x03\x32\xcf\x05\n\rBufferService\x12\x46\n\x0cLeasePrompts\x12\x1b.zerobubble.v1.LeaseRequest\x1a\x19.zerobubble.v1.LeaseReply\x12W\n\rCompleteLease\x12#.zerobubble.v1.CompleteLeaseRequest\x1a!.zerobubble.v1.CompleteLeaseReply\x12L\n\x0ePushExperience\x12\x1e.zerobubble.v1.ExperienceGroup\x1a\x16.zerobubble.v1.PushAck(\x01\x30\x01\x12\x45\n\tPullBatch\x12\x1a.zerobubble.v1.PullRequest\x1a\x1a.zerobubble.v1.PulledGroup0\x01\x12Q\n\x0b\x41\x63knowledge\x12!.zerobubble.v1.AcknowledgeRequest\x1a\x1f.zerobubble.v1.AcknowledgeReply\x12\x42\n\x06\x43ommit\x12\x1c.zerobubble.v1.CommitRequest\x1a\x1a.zerobubble.v1.CommitReply\x12`\n\x10SetPolicyVersion\x12&.zerobubble.v1.SetPolicyVersionRequest\x1a$.zerobubble.v1.SetPolicyVersionReply\x12?\n\x05Stats\x12\x1b.zerobubble.v1.StatsRequest\x1a\x19.zerobubble.v1.StatsReply\x12N\n\nGetRunSpec\x12 .zerobubble.v1.GetRunSpecRequest\x1a\x1e.zerobubble.v1.GetRunSpecReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'zerobubble.v1.buffer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NOTSTORED']._serialized_start=1409
-  _globals['_NOTSTORED']._serialized_end=1527
+  _globals['_NOTSTORED']._serialized_start=1423
+  _globals['_NOTSTORED']._serialized_end=1541
   _globals['_LEASEREQUEST']._serialized_start=73
   _globals['_LEASEREQUEST']._serialized_end=121
   _globals['_LEASEREPLY']._serialized_start=124
@@ -39,25 +39,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLEDGROUP']._serialized_start=693
   _globals['_PULLEDGROUP']._serialized_end=792
   _globals['_ACKNOWLEDGEREQUEST']._serialized_start=794
-  _globals['_ACKNOWLEDGEREQUEST']._serialized_end=834
-  _globals['_ACKNOWLEDGEREPLY']._serialized_start=836
-  _globals['_ACKNOWLEDGEREPLY']._serialized_end=871
-  _globals['_COMMITREQUEST']._serialized_start=873
-  _globals['_COMMITREQUEST']._serialized_end=952
-  _globals['_COMMITREPLY']._serialized_start=954
-  _globals['_COMMITREPLY']._serialized_end=967
-  _globals['_SETPOLICYVERSIONREQUEST']._serialized_start=969
-  _globals['_SETPOLICYVERSIONREQUEST']._serialized_end=1038
-  _globals['_SETPOLICYVERSIONREPLY']._serialized_start=1040
-  _globals['_SETPOLICYVERSIONREPLY']._serialized_end=1063
-  _globals['_STATSREQUEST']._serialized_start=1065
-  _globals['_STATSREQUEST']._serialized_end=1079
-  _globals['_STATSREPLY']._serialized_start=1082
-  _globals['_STATSREPLY']._serialized_end=1348
-  _globals['_GETRUNSPECREQUEST']._serialized_start=1350
-  _globals['_GETRUNSPECREQUEST']._serialized_end=1369
-  _globals['_GETRUNSPECREPLY']._serialized_start=1371
-  _globals['_GETRUNSPECREPLY']._serialized_end=1407
-  _globals['_BUFFERSERVICE']._serialized_start=1530
-  _globals['_BUFFERSERVICE']._serialized_end=2249
+  _globals['_ACKNOWLEDGEREQUEST']._serialized_end=848
+  _globals['_ACKNOWLEDGEREPLY']._serialized_start=850
+  _globals['_ACKNOWLEDGEREPLY']._serialized_end=885
+  _globals['_COMMITREQUEST']._serialized_start=887
+  _globals['_COMMITREQUEST']._serialized_end=966
+  _globals['_COMMITREPLY']._serialized_start=968
+  _globals['_COMMITREPLY']._serialized_end=981
+  _globals['_SETPOLICYVERSIONREQUEST']._serialized_start=983
+  _globals['_SETPOLICYVERSIONREQUEST']._serialized_end=1052
+  _globals['_SETPOLICYVERSIONREPLY']._serialized_start=1054
+  _globals['_SETPOLICYVERSIONREPLY']._serialized_end=1077
+  _globals['_STATSREQUEST']._serialized_start=1079
+  _globals['_STATSREQUEST']._serialized_end=1093
+  _globals['_STATSREPLY']._serialized_start=1096
+  _globals['_STATSREPLY']._serialized_end=1362
+  _globals['_GETRUNSPECREQUEST']._serialized_start=1364
+  _globals['_GETRUNSPECREQUEST']._serialized_end=1383
+  _globals['_GETRUNSPECREPLY']._serialized_start=1385
+  _globals['_GETRUNSPECREPLY']._serialized_end=1421
+  _globals['_BUFFERSERVICE']._serialized_start=1544
+  _globals['_BUFFERSERVICE']._serialized_end=2263
 # @@protoc_insertion_point(module_scope)

@@ -99,10 +99,12 @@ class PulledGroup(_message.Message):
     def __init__(self, group: _Optional[_Union[_common_pb2.ExperienceGroup, _Mapping]] = ..., delivery: _Optional[int] = ..., end_of_data: bool = ...) -> None: ...
 
 class AcknowledgeRequest(_message.Message):
-    __slots__ = ("deliveries",)
+    __slots__ = ("deliveries", "rank")
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     deliveries: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, deliveries: _Optional[_Iterable[int]] = ...) -> None: ...
+    rank: int
+    def __init__(self, deliveries: _Optional[_Iterable[int]] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class AcknowledgeReply(_message.Message):
     __slots__ = ("refused",)

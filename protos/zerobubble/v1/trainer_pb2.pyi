@@ -87,7 +87,7 @@ class TrainerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TrainerStatusReply(_message.Message):
-    __slots__ = ("step", "policy_version", "sync_members", "last_sync_seconds", "last_checkpoint", "synced_version", "group_epoch")
+    __slots__ = ("step", "policy_version", "sync_members", "last_sync_seconds", "last_checkpoint", "synced_version", "group_epoch", "state")
     STEP_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     SYNC_MEMBERS_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class TrainerStatusReply(_message.Message):
     LAST_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     SYNCED_VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUP_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_version: int
     sync_members: int
@@ -102,7 +103,8 @@ class TrainerStatusReply(_message.Message):
     last_checkpoint: str
     synced_version: int
     group_epoch: int
-    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., sync_members: _Optional[int] = ..., last_sync_seconds: _Optional[float] = ..., last_checkpoint: _Optional[str] = ..., synced_version: _Optional[int] = ..., group_epoch: _Optional[int] = ...) -> None: ...
+    state: str
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., sync_members: _Optional[int] = ..., last_sync_seconds: _Optional[float] = ..., last_checkpoint: _Optional[str] = ..., synced_version: _Optional[int] = ..., group_epoch: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
     __slots__ = ("tag",)

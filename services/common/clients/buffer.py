@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 class PullResult:
     groups: list[buffer_pb2.PulledGroup]
     end_of_data: bool
+    rank: int = 0  # the rank they were delivered to, which alone may acknowledge them
 
     @property
     def last_delivery(self) -> int:
@@ -36,7 +37,7 @@ class PullResult:
         """The groups an acknowledgement did not refuse (the refused come again)."""
         if refused:
             log.warning("%d groups received were no longer ours to keep; they come again", len(refused))
-        return PullResult([g for g in self.groups if g.delivery not in set(refused)], self.end_of_data)
+        return PullResult([g for g in self.groups if g.delivery not in set(refused)], self.end_of_data, self.rank)
 
 
 class BufferClient(ServiceClient):
@@ -77,7 +78,7 @@ class BufferClient(ServiceClient):
         received = self.receive(rank, world_size, max_groups, wait_seconds=wait_seconds, timeout=timeout)
         if not received.groups:
             return received
-        return received.keeping(self.acknowledge(received.deliveries, timeout=timeout))
+        return received.keeping(self.acknowledge(received.deliveries, rank=rank, timeout=timeout))
 
     def receive(
         self, rank: int, world_size: int, max_groups: int, *, wait_seconds: float = 0.0,
@@ -102,13 +103,14 @@ class BufferClient(ServiceClient):
                 raise
             log.warning("a pull stream broke after %d groups (%s: %s); keeping them", len(groups),
                         exc.code().name, exc.details())
-        return PullResult(groups, end_of_data)
+        return PullResult(groups, end_of_data, rank)
 
-    def acknowledge(self, deliveries: Sequence[int], *, timeout: float | None = None,
+    def acknowledge(self, deliveries: Sequence[int], *, rank: int = 0, timeout: float | None = None,
                     retry: bool | None = None) -> list[int]:
         """Claim received groups; returns the deliveries that may not be kept (the buffer will send them
         again). Acknowledging one twice is harmless, so a call that failed may be repeated until it answers."""
-        reply = self.unary("Acknowledge", buffer_pb2.AcknowledgeRequest(deliveries=deliveries), timeout=timeout,
+        reply = self.unary("Acknowledge", buffer_pb2.AcknowledgeRequest(deliveries=deliveries, rank=rank),
+                           timeout=timeout,
                            retry=retry)
         return list(reply.refused)
 

@@ -73,6 +73,52 @@ def half_open(address: str, count: int, *, preface: bool = False) -> Iterator[li
             sock.close()
 
 
+def quiet_http2(address: str, *, open_stream: str | None = None, timeout: float = READ_TIMEOUT_S) -> socket.socket:
+    """A connection that completes the HTTP/2 handshake (preface, settings both ways, acknowledged) and opens a
+    call to `open_stream` if given, then never sends again: it answers no ping and sends no data. The caller
+    watches it with `closed_within`."""
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    sock = socket.create_connection(_endpoint(address), timeout=timeout)
+    try:
+        connection.initiate_connection()
+        if open_stream is not None:
+            connection.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", open_stream),
+                                        (":authority", address), ("content-type", "application/grpc"),
+                                        ("te", "trailers")])
+        sock.sendall(connection.data_to_send())
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"{address} closed the connection during the handshake")
+            events = connection.receive_data(chunk)
+            # Only the acknowledgement of the server's settings goes back; pings from here on stay unanswered.
+            sock.sendall(connection.data_to_send())
+            if any(isinstance(event, h2.events.RemoteSettingsChanged) for event in events):
+                return sock
+        raise TimeoutError(f"{address} sent no HTTP/2 settings within {timeout} s")
+    except BaseException:
+        sock.close()
+        raise
+
+
+def closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Reads (and drops) what the server sends without answering it, until it closes the connection: the seconds
+    that took, or None if it is still open after `seconds`."""
+    started = time.monotonic()
+    end = started + seconds
+    while (left := end - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if not sock.recv(65536):
+                return time.monotonic() - started
+        except TimeoutError:
+            return None
+        except OSError:  # reset by the server: closed all the same
+            return time.monotonic() - started
+    return None
+
+
 def grpc_frame(payload: bytes) -> bytes:
     """A gRPC length-prefixed message: not compressed, 4-byte big-endian length, the bytes."""
     return b"\x00" + struct.pack(">I", len(payload)) + payload

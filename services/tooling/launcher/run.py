@@ -235,7 +235,8 @@ def up(config: UpConfig, *, resume: bool = False, overwrite: bool = False, cache
         track_evaluations(run)
     except Interrupted as exc:
         progress.close()
-        print(f"zerobubble up: {exc} received, stopping the services", flush=True)
+        print(f"zerobubble up: {exc} received, stopping the services; the run did not finish (zerobubble up "
+              f"--resume {config.run_dir} goes on)", flush=True)
         run.stop_all()
         return 130
     except (ServiceFailed, ConfigError) as exc:

@@ -20,7 +20,13 @@ log = logging.getLogger(__name__)
 
 
 def describe_exit(code: int) -> str:
-    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    if code > 128 and code - 128 in signal.valid_signals():
+        # A service that caught the signal and stopped cleanly exits with the shell's 128 + its number: the trainer
+        # does when a signal stops it before the end of its run.
+        return f"was stopped by {signal.Signals(code - 128).name} (exit code {code})"
+    return f"exited with code {code}"
 
 
 class Supervisor:
@@ -34,8 +40,9 @@ class Supervisor:
         self.due: dict[str, float] = {}  # service name -> when its restart is due (monotonic seconds)
 
     def check(self) -> bool:
-        """One look at every service: restarts what is due; True once the trainer has finished. Raises
-        ServiceFailed when a service died with no restart left."""
+        """One look at every service: restarts what is due; True once the trainer has finished (exit code 0, which
+        it gives only at the end of its run: stopped by a signal not sent here, it is restarted with resume as after
+        a crash). Raises ServiceFailed when a service died with no restart left."""
         for process in self.services:
             if process.name in self.due:
                 if time.monotonic() >= self.due[process.name]:
