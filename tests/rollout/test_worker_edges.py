@@ -87,6 +87,7 @@ class WorkerProcess:
             self.process.wait(30)
 
 
+@pytest.mark.slow  # a whole-service restart or storm: make test runs it, make test-fast leaves it out
 def test_a_worker_restarted_with_the_same_id_has_its_groups_stored(assets, tmp_path):
     model, train, _ = assets
     reward = start_reward()

@@ -40,6 +40,7 @@ def workers():
         worker.stop()
 
 
+@pytest.mark.slow  # a whole-service restart or storm: make test runs it, make test-fast leaves it out
 def test_versions_arrive_bit_exactly_a_late_joiner_gets_the_last_at_once_and_all_rejoin_a_restarted_trainer(workers):
     with trainer_service(member_timeout_s=TIMEOUT_S, bucket_mb=0.05) as trainer:
         w1, w2 = workers(trainer.address, "w1", "w2")

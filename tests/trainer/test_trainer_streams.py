@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 from idle_streams import health_check_seconds, idle_streams
 from stack import start_buffer, tiny_assets
@@ -22,6 +23,7 @@ from zerobubble.v1 import trainer_pb2
 WATCH = "/zerobubble.v1.TrainerService/WatchWeights"
 
 
+@pytest.mark.slow  # a whole-service restart or storm: make test runs it, make test-fast leaves it out
 def test_a_thousand_idle_watch_streams_leave_health_checks_and_status_answering():
     with trainer_service(max_members=1000) as trainer, TrainerClient(trainer.address) as client:
         members = [f"w{i}" for i in range(1000)]
