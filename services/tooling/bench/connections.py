@@ -29,6 +29,7 @@ import h2.connection
 import h2.events
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from zerobubble.tooling.bench import stop_service
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, reward_pb2, reward_pb2_grpc
 
 TOKEN_ENV = "ZEROBUBBLE_BENCH_TOKEN"
@@ -266,12 +267,7 @@ def bench_connections(connections: int = 2000, fd_limit: int = 1024, idle_second
                     finally:
                         quiet.close()
                 finally:
-                    process.terminate()
-                    try:
-                        process.wait(30)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-                        process.wait()
+                    stop_service(process)
     return figures
 
 

@@ -29,6 +29,7 @@ from zerobubble.reward import sandbox
 from zerobubble.reward.config import SandboxConfig
 from zerobubble.reward.local import reward_client
 from zerobubble.reward.sandbox import CodeSandbox
+from zerobubble.tooling.bench import stop_service
 from zerobubble.v1 import reward_pb2
 
 # Answers in several notations so the measurement exercises real parsing, not one cached case.
@@ -180,12 +181,7 @@ def _reward_process(math_workers: int) -> Iterator[tuple[str, int]]:
             raise RuntimeError(f"the reward service did not start (exit code {process.wait()})")
         yield json.loads(line)["address"], process.pid
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_service(process)
 
 
 def _percentile(values: list[float], q: float) -> float | None:
