@@ -241,6 +241,7 @@ class Buffer:
             self._give_back(meta["deliveries"])
         elif kind is Kind.VERSION:
             self.policy_version = meta["version"]
+            self.training_finished = meta.get("training_finished", False)
         elif kind is Kind.SNAPSHOT:
             self._restore(meta)
 
@@ -266,6 +267,7 @@ class Buffer:
             "producers": self.dedup.snapshot(),
             "counters": vars(self.counters),
             "policy_version": self.policy_version,
+            "training_finished": self.training_finished,
             "next_gid": self.store.next_gid,
             "next_delivery": self.store.next_delivery,
             "committed": self.store.committed,
@@ -283,6 +285,7 @@ class Buffer:
         self.dedup.restore(meta["producers"])
         self.counters = Counters(**meta["counters"])
         self.policy_version = meta["policy_version"]
+        self.training_finished = meta.get("training_finished", False)
         # Replaying the segment before this snapshot may have read the bytes of groups still queued.
         payloads = {gid: group.payload for gid, group in self.store.queue.items()}
         self.store = ExperienceStore(max_groups=self.store.max_groups, max_bytes=self.store.max_bytes)
@@ -520,17 +523,16 @@ class Buffer:
     def set_policy_version(self, version: int, training_finished: bool = False) -> None:
         """Going back is allowed: a trainer that resumed from an older checkpoint counts from there again.
         `training_finished`: the trainer made its last step, so no more leases go out until a trainer sets a
-        version without it. Held in memory: after a restart of the buffer a trainer that still runs sets it."""
+        version without it (logged, so a restarted buffer keeps it)."""
         with self._cond:
-            if training_finished and not self.training_finished:
-                log.info("the trainer has finished: no more prompts are leased until a trainer trains again")
-            self.training_finished = training_finished
             highest = self.policy_version + self.config.validation.max_version_jump
             if not 0 <= version <= highest:
                 raise InvalidInput(f"expected 0 to {highest} (the current {self.policy_version} plus "
                                    f"validation.max_version_jump), got {version}", field="version")
-            if version != self.policy_version:
-                self._log(Kind.VERSION, {"version": version})
+            if training_finished and not self.training_finished:
+                log.info("the trainer has finished: no more prompts are leased until a trainer trains again")
+            if (version, training_finished) != (self.policy_version, self.training_finished):
+                self._log(Kind.VERSION, {"version": version, "training_finished": training_finished})
                 self._cond.notify_all()
             ahead = [group.version for group in self.store.queue.values() if group.version > version]
         if ahead:

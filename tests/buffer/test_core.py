@@ -161,6 +161,9 @@ def test_no_prompts_are_leased_once_training_has_finished_until_a_trainer_trains
     buffer.set_policy_version(3, training_finished=True)
     grant = buffer.lease_prompts("w", 2)
     assert grant.prompts == [] and grant.training_finished and not grant.end_of_data
+    buffer.close()
+    buffer = open_buffer(prompts=6)   # restarted: the mark is in its log
+    assert buffer.training_finished and buffer.lease_prompts("w", 2).prompts == []
     buffer.set_policy_version(3)   # a resumed trainer
     grant = buffer.lease_prompts("w", 2)
     assert len(grant.prompts) == 2 and not grant.training_finished
