@@ -60,8 +60,10 @@ class ValidationConfig(Schema):
     max_prompt_tokens: int = Field(131_072, gt=0, description="tokens of a group's prompt")
     max_response_tokens: int = Field(131_072, gt=0, description="tokens of one trajectory's response")
     max_version_ahead: int = Field(
-        1000, ge=0, description="a trajectory's policy_version may be at most this far ahead of the buffer's "
-        "(ahead at all only after a trainer resumed from an older checkpoint)"
+        0, ge=0, description="a trajectory's policy_version may be at most this far ahead of the buffer's; queued "
+        "groups further ahead are dropped when the trainer's version goes back. Ahead at all only after a trainer "
+        "went back to an older checkpoint, or another run's trainer came to this buffer: weights the trainer does "
+        "not have made such groups"
     )
     max_version_jump: int = Field(1_000_000, gt=0, description="SetPolicyVersion may move the policy version "
                                   "forward by at most this")

@@ -534,12 +534,16 @@ class Buffer:
             if (version, training_finished) != (self.policy_version, self.training_finished):
                 self._log(Kind.VERSION, {"version": version, "training_finished": training_finished})
                 self._cond.notify_all()
-            ahead = [group.version for group in self.store.queue.values() if group.version > version]
-        if ahead:
             # Weights the trainer does not have made these: it went back to an older checkpoint, or it is another
-            # run's trainer on this buffer's log (a run folder reused without --resume).
-            log.warning("%d queued groups were sampled by policy versions up to %d, ahead of the trainer's %d: "
-                        "they will train with a negative staleness", len(ahead), max(ahead), version)
+            # run's trainer on this buffer's log (a run folder reused without --resume). They are dropped as the
+            # pushes of such groups are refused (validation.max_version_ahead).
+            ahead = [group for group in list(self.store.queue.values())
+                     if group.version > version + self.config.validation.max_version_ahead]
+            for group in ahead:
+                self._log(Kind.STALE, {"gid": group.gid})
+        if ahead:
+            log.warning("dropped %d queued groups sampled by policy versions up to %d, ahead of the trainer's %d "
+                        "(weights it does not have)", len(ahead), max(group.version for group in ahead), version)
 
     def stats(self) -> dict[str, Any]:
         with self._cond:

@@ -86,10 +86,10 @@ def test_accuracy_filter_drops_counts_and_finishes_the_prompt(open_buffer):
 def test_stale_groups_are_dropped_at_pull_time(open_buffer):
     buffer = open_buffer(prompts=3, run_spec__max_staleness=1)
     old, fresh, recent = buffer.lease_prompts("w", 3).prompts
+    buffer.set_policy_version(2)   # groups from versions ahead of the trainer's are refused
     buffer.push(make_group(old, "w", 0, version=0))
     buffer.push(make_group(fresh, "w", 1, version=2))
     buffer.push(make_group(recent, "w", 2, version=1))
-    buffer.set_policy_version(2)
     assert [prompt_key(g) for g, _ in pulled_groups(buffer, 5)] == [prompt_key(fresh), prompt_key(recent)]
     assert buffer.stats()["stale_dropped"] == 1
 
@@ -97,9 +97,9 @@ def test_stale_groups_are_dropped_at_pull_time(open_buffer):
 def test_stale_drops_are_logged_once_a_batch_with_their_versions(open_buffer, caplog):
     buffer = open_buffer(prompts=6, run_spec__max_staleness=1)
     prompts = buffer.lease_prompts("w", 6).prompts
+    buffer.set_policy_version(6)
     for sequence, (prompt, version) in enumerate(zip(prompts, (0, 1, 2, 3, 6, 6), strict=True)):
         buffer.push(make_group(prompt, "w", sequence, version=version))
-    buffer.set_policy_version(6)
     with caplog.at_level("INFO", logger="zerobubble.buffer.core"):
         assert len(pulled_groups(buffer, 5)) == 2
     lines = [r.getMessage() for r in caplog.records if "stale" in r.getMessage()]
@@ -107,20 +107,24 @@ def test_stale_drops_are_logged_once_a_batch_with_their_versions(open_buffer, ca
                      "4 dropped so far"]
 
 
-def test_a_trainer_going_back_behind_queued_groups_is_warned_about(open_buffer, caplog):
-    buffer = open_buffer(prompts=3)
-    prompts = buffer.lease_prompts("w", 3).prompts
+def test_groups_ahead_of_the_trainer_are_refused_and_dropped_when_it_goes_back(open_buffer, caplog):
+    buffer = open_buffer(prompts=4)
+    prompts = buffer.lease_prompts("w", 4).prompts
     buffer.set_policy_version(20)
-    for sequence, prompt in enumerate(prompts):
+    for sequence, prompt in enumerate(prompts[:3]):
         buffer.push(make_group(prompt, "w", sequence, version=20 - sequence))
+    with pytest.raises(InvalidInput, match="expected 0 to 20 .*got 21") as refused:
+        buffer.push(make_group(prompts[3], "w", 3, version=21))
+    assert refused.value.field.endswith(".policy_version")
     with caplog.at_level("WARNING", logger="zerobubble.buffer.core"):
         buffer.set_policy_version(19)
         buffer.set_policy_version(0)
     assert [r.getMessage() for r in caplog.records] == [
-        "1 queued groups were sampled by policy versions up to 20, ahead of the trainer's 19: they will train "
-        "with a negative staleness",
-        "3 queued groups were sampled by policy versions up to 20, ahead of the trainer's 0: they will train "
-        "with a negative staleness"]
+        "dropped 1 queued groups sampled by policy versions up to 20, ahead of the trainer's 19 (weights it does "
+        "not have)",
+        "dropped 2 queued groups sampled by policy versions up to 19, ahead of the trainer's 0 (weights it does "
+        "not have)"]
+    assert buffer.stats()["stale_dropped"] == 3 and pulled_groups(buffer, 3) == []
 
 
 def test_few_surviving_groups_do_not_hang_the_trainer(open_buffer):
