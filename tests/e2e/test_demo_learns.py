@@ -28,6 +28,9 @@ def up(run_dir: Path, *extra: str) -> subprocess.Popen:
     settings = {
         "run_dir": run_dir, "trainer.max_steps": STEPS, "trainer.checkpoint.interval_steps": 10,
         "rollout.eval.interval": 1000, "rollout.eval.samples_per_prompt": EVAL_SAMPLES,
+        # The first STEPS of the demo's own schedule, not a whole cosine squeezed into them (derived from
+        # max_steps): 950 x 2 // 8 steps, as `make demo` runs it.
+        "trainer.strategy.optim.total_steps": 237,
     }
     command = [sys.executable, "-m", "zerobubble", "up", "--config", str(DEMO_CONFIG),
                *(f"--set={key}={value}" for key, value in settings.items()), *extra]
