@@ -63,5 +63,5 @@ def test_a_missing_config_is_an_error(train_env, tmp_path):
     reply = subprocess.run([str(train_env / "zerobubble"), "up", "--config", "nowhere.yaml"], cwd=tmp_path,
                            env=clean_env(), capture_output=True, text=True, timeout=120)
     assert reply.returncode == 2
-    assert "nowhere.yaml does not exist" in reply.stderr
+    assert "--config nowhere.yaml: no such file, and no shipped config of that name" in reply.stderr
     assert not (tmp_path / "runs").exists()
