@@ -197,6 +197,9 @@ except OSError as exc:
     assert "kept" not in sandbox.run('print(open("data.txt").read())', "").stdout
 
 
+# It counts every process of the sandbox's uids on this machine, so it runs where no other test uses the sandbox
+# at the same time: in make test, not in the parallel make test-fast.
+@pytest.mark.slow
 def test_bounded_fork_bomb_is_contained(sandbox):
     source = """
 import os, time
@@ -311,6 +314,9 @@ def test_files_only_root_may_read_stay_unread(sandbox, open_dir):
     assert report.passed == 0
 
 
+# It counts every process of the sandbox's uids on this machine, so it runs where no other test uses the sandbox
+# at the same time: in make test, not in the parallel make test-fast.
+@pytest.mark.slow
 def test_killing_the_parent_changes_nothing(sandbox):
     source = """
 import os
