@@ -56,6 +56,7 @@ def wait_for(condition, timeout: float, what: str, run: Run) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.slow  # a whole-service restart, stop or run: make test runs it, make test-fast leaves it out
 def test_up_services_refuse_strangers_and_work_with_the_runs_own_token(tmp_path, no_token_in_the_environment):
     model, train, held_out = tiny_assets(tmp_path / "assets", train_size=8, eval_size=2)
     run_dir = tmp_path / "run"

@@ -94,6 +94,7 @@ def test_versions_arrive_bit_exactly_a_late_joiner_gets_the_last_at_once_and_all
             assert event["version"] == 2
 
 
+@pytest.mark.slow  # a whole-service restart, stop or run: make test runs it, make test-fast leaves it out
 def test_killed_and_stalled_workers_are_dropped_and_the_survivor_goes_on(workers):
     with trainer_service(member_timeout_s=TIMEOUT_S, bucket_mb=0.05) as trainer:
         survivor, victim, stalled = workers(trainer.address, "survivor", "victim", "stalled")

@@ -163,6 +163,7 @@ def test_a_trainer_refuses_a_run_spec_its_config_contradicts(assets, tmp_path):
         buffer.stop(0.5)
 
 
+@pytest.mark.slow  # a whole-service restart, stop or run: make test runs it, make test-fast leaves it out
 @pytest.mark.parametrize("weight_sync", [None, {}], ids=["alone", "with weight sync"])
 def test_sigterm_stops_a_serving_trainer_with_its_checkpoint_and_says_the_run_is_not_over(assets, tmp_path,
                                                                                            weight_sync):

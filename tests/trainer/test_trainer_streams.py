@@ -43,6 +43,7 @@ def test_a_thousand_idle_watch_streams_leave_health_checks_and_status_answering(
 GRACE_SECONDS = 4.0
 
 
+@pytest.mark.slow  # a whole-service restart, stop or run: make test runs it, make test-fast leaves it out
 def test_sigterm_ends_a_trainer_within_its_grace_with_watch_streams_open_and_a_pull_waiting(tmp_path):
     model, train, _ = tiny_assets(tmp_path)
     # An empty buffer: the trainer sits in a pull that would wait far longer than the grace.

@@ -146,6 +146,7 @@ def _perturb(model: torch.nn.Module, amount: float) -> None:
             p.add_(amount)
 
 
+@pytest.mark.slow  # a whole-service restart, stop or run: make test runs it, make test-fast leaves it out
 def test_members_that_never_form_the_group_are_dropped_within_the_formation_timeout(token_file, workers):
     # member_timeout_s stays at its default (30 s): dropping the fakes by it would miss every bound below.
     with trainer_service(token_file=token_file, formation_timeout_s=FORMATION_S, bucket_mb=0.05) as trainer:
