@@ -174,5 +174,6 @@ def half_open(deployment: Deployment, service: str) -> list[Finding]:
     """HALF_OPEN_CONNECTIONS connections that say nothing and as many that send only the HTTP/2 preface: with
     all of them open the service answers at once."""
     address = deployment.processes[service].address
-    with wire.half_open(address, HALF_OPEN_CONNECTIONS), wire.half_open(address, HALF_OPEN_CONNECTIONS, preface=True):
+    with wire.half_open(address, HALF_OPEN_CONNECTIONS), \
+            wire.half_open(address, HALF_OPEN_CONNECTIONS, opening=wire.HTTP2_PREFACE):
         return serving(deployment, service, f"with {2 * HALF_OPEN_CONNECTIONS} half-open connections to {service}")

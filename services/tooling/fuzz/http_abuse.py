@@ -9,8 +9,8 @@ import json
 import random
 import socket
 import time
-from collections.abc import Iterator
 
+from zerobubble.tooling.fuzz import wire
 from zerobubble.tooling.fuzz.abuse import ANSWER_AT_ONCE_S, serving
 from zerobubble.tooling.fuzz.campaign import Finding
 from zerobubble.tooling.fuzz.targets import HTTP_BODY_TIMEOUT_S, HTTP_HEAD_TIMEOUT_S, Deployment
@@ -91,21 +91,6 @@ def hostile_json(deployment: Deployment, rng: random.Random) -> list[Finding]:
                                                                                "hostile JSON over HTTP")
 
 
-@contextlib.contextmanager
-def _slow(deployment: Deployment, start: bytes, count: int) -> Iterator[list[socket.socket]]:
-    sockets = []
-    try:
-        for _ in range(count):
-            conn = socket.create_connection(_endpoint(deployment), timeout=ANSWER_AT_ONCE_S)
-            sockets.append(conn)
-            if start:
-                conn.sendall(start)
-        yield sockets
-    finally:
-        for conn in sockets:
-            conn.close()
-
-
 def _closed_by_server(conn: socket.socket, within: float) -> bool:
     """Whether the server ends the connection (after an answer such as 408, or none) within `within` seconds."""
     conn.settimeout(within)
@@ -124,7 +109,8 @@ def slow_connections(deployment: Deployment) -> list[Finding]:
     its head or body timeout (plus the time to read a body's rest and a margin for a loaded machine)."""
     findings = []
     with contextlib.ExitStack() as stack:
-        held = {name: stack.enter_context(_slow(deployment, start, SLOW_CONNECTIONS))
+        held = {name: stack.enter_context(wire.half_open(deployment.reward_http, SLOW_CONNECTIONS, opening=start,
+                                                         timeout=ANSWER_AT_ONCE_S))
                 for name, start in SLOW_STARTS.items()}
         findings += _http_serving(deployment, f"{len(held) * SLOW_CONNECTIONS} slow HTTP connections")
         findings += serving(deployment, "reward", f"{len(held) * SLOW_CONNECTIONS} slow HTTP connections")

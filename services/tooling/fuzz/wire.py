@@ -58,15 +58,17 @@ def send_junk(address: str, payload: bytes, *, timeout: float = READ_TIMEOUT_S) 
 
 
 @contextlib.contextmanager
-def half_open(address: str, count: int, *, preface: bool = False) -> Iterator[list[socket.socket]]:
-    """`count` TCP connections that open (and send the HTTP/2 preface, if asked) and then say nothing."""
+def half_open(address: str, count: int, *, opening: bytes = b"",
+              timeout: float = READ_TIMEOUT_S) -> Iterator[list[socket.socket]]:
+    """`count` TCP connections that open, send `opening` (the HTTP/2 preface, the start of an HTTP request, or
+    nothing) and then say nothing."""
     sockets: list[socket.socket] = []
     try:
         for _ in range(count):
-            sock = socket.create_connection(_endpoint(address), timeout=READ_TIMEOUT_S)
+            sock = socket.create_connection(_endpoint(address), timeout=timeout)
             sockets.append(sock)
-            if preface:
-                sock.sendall(HTTP2_PREFACE)
+            if opening:
+                sock.sendall(opening)
         yield sockets
     finally:
         for sock in sockets:
