@@ -49,6 +49,16 @@ def eval_scalars(summary: dict[str, Any]) -> dict[str, float]:
     return tags
 
 
+def episode_fields(trajectory: common_pb2.Trajectory) -> dict[str, Any]:
+    """How a multi-turn response's episode went ({} for a single-turn one); its text is the whole transcript."""
+    if not trajectory.HasField("episode"):
+        return {}
+    episode = trajectory.episode
+    return {"episode": {"environment": episode.environment, "turns": episode.turns, "tool_calls": episode.tool_calls,
+                        "step_rewards": [round(r, 6) for r in episode.step_rewards],
+                        "ended_reason": episode.ended_reason}}
+
+
 def rollout_sample(groups: list[common_pb2.ExperienceGroup], step: int, policy_version: int,
                    count: int) -> list[dict[str, Any]]:
     """`count` groups of the step, drawn with the step as the seed, each with every response and its score."""
@@ -63,7 +73,7 @@ def rollout_sample(groups: list[common_pb2.ExperienceGroup], step: int, policy_v
             "epoch": prompt.epoch, "messages": json.loads(prompt.messages_json), **truth,
             "responses": [{"text": t.response_text, "reward": t.reward, "answer_ok": t.answer_ok,
                            "format_ok": t.format_ok, "policy_version": t.policy_version,
-                           "finish_reason": common_pb2.FinishReason.Name(t.finish_reason)}
+                           "finish_reason": common_pb2.FinishReason.Name(t.finish_reason), **episode_fields(t)}
                           for t in group.trajectories],
         })
     return rows

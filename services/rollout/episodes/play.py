@@ -3,10 +3,12 @@ episode driver, and each response's reward from the verifier, its environment, o
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 from zerobubble.common.config import ClientConfig, ConfigError
 from zerobubble.common.episodes import EpisodeRoute, EpisodeSpec
+from zerobubble.common.persistence import until_done
 from zerobubble.common.run_spec import RunSpec
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
 from zerobubble.rollout.episodes.driver import EpisodeDriver, EpisodePrompt
@@ -101,7 +103,13 @@ def make_player(tokenizer, spec: RunSpec, *, system_prompt: str | None,
                               "environment service's address")
         from zerobubble.rollout.episodes.remote import RemoteSessions
 
+        sessions = RemoteSessions(environment)
+        served = until_done(sessions.environments, what="list the environments", stop=threading.Event(),
+                            max_backoff=5.0, give_up_seconds=environment.retry_seconds)
+        if missing := [name for name in spec.episodes.environments() if name not in served]:
+            raise ConfigError(f"run_spec.episodes: the environment service at {environment.address} has no "
+                              f"environment {', '.join(map(repr, missing))} (it has: {', '.join(served) or 'none'})")
         renderer = TurnRenderer(tokenizer, spec.episodes.max_observation_tokens)
-        driver = EpisodeDriver(RemoteSessions(environment), renderer, spec.episodes,
+        driver = EpisodeDriver(sessions, renderer, spec.episodes,
                                max_new_tokens=spec.max_new_tokens)
     return Player(prompts, spec.episodes, driver)
