@@ -73,6 +73,8 @@ class EvalConfig(Schema):
     interval: int = Field(0, ge=0, description="evaluate every this many policy versions (0: never)")
     at_start: bool = Field(True, description="also evaluate the starting weights")
     samples_per_prompt: int = Field(4, gt=0, description="n: pass@1 is the mean over them, pass@k uses all")
+    prompts_per_call: int = Field(32, gt=0, description="prompts generated together: the evaluation reports its "
+                                  "progress (eval/progress.json, the log) after each call")
     temperature: float = Field(1.0, ge=0)
     max_prompts: int | None = Field(None, gt=0, description="evaluate only the first N prompts of each set")
     output_dir: Path = Field(Path("eval"), description="a JSONL of results per version and a summary.jsonl")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -17,6 +18,17 @@ from zerobubble.rollout.episodes.play import Player
 from zerobubble.rollout.metrics import RolloutMetrics
 
 log = logging.getLogger(__name__)
+
+
+PROGRESS_FILE = "progress.json"
+
+
+def write_progress(directory: Path, progress: dict) -> None:
+    """Replaced whole, so a reader never sees half of it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / f".{PROGRESS_FILE}.partial"
+    partial.write_text(json.dumps(progress))
+    os.replace(partial, directory / PROGRESS_FILE)
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:
@@ -56,13 +68,31 @@ class Evaluator:
         self.done.add(version)
         return [self.run(engine, name, version) for name in self.datasets]
 
+    def _play(self, engine: Engine, name: str, version: int, prompts: list, started: float):
+        """Every prompt's samples and scores, a call of `prompts_per_call` prompts at a time, with how far it got
+        in `progress.json` (what `up` shows while the starting weights are evaluated) and the log."""
+        samples, scores, per_call = [], [], self.config.prompts_per_call
+        for start in range(0, len(prompts), per_call):
+            chunk = prompts[start:start + per_call]
+            _, played = self.player.play(engine, chunk, self.sampling)
+            samples.extend(played)
+            scores.extend(self.player.score(self.reward.score_batch, chunk, played))
+            done, seconds = len(samples), time.monotonic() - started
+            left = seconds / done * (len(prompts) - done)
+            write_progress(self.config.output_dir, {"dataset": name, "version": version, "prompts_done": done,
+                                                    "prompts": len(prompts), "samples_per_prompt": self.sampling.n,
+                                                    "seconds": round(seconds, 1), "seconds_left": round(left, 1)})
+            if done < len(prompts):
+                log.info("eval %s at version %d: %d/%d prompts, about %.0f s left", name, version, done,
+                         len(prompts), left)
+        return samples, scores
+
     def run(self, engine: Engine, name: str, version: int) -> dict:
         started = time.monotonic()
         rows = self.datasets[name][: self.config.max_prompts]
         prompts = [row.to_message(epoch=0) for row in rows]
-        _, samples = self.player.play(engine, prompts, self.sampling)
-        scores = iter(score for per_prompt in self.player.score(self.reward.score_batch, prompts, samples)
-                      for score in per_prompt)
+        samples, scores = self._play(engine, name, version, prompts, started)
+        scores = iter(score for per_prompt in scores for score in per_prompt)
         n, k = self.sampling.n, self.sampling.n
         directory = self.config.output_dir / name
         directory.mkdir(parents=True, exist_ok=True)

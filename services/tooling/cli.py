@@ -110,6 +110,7 @@ BENCHES = {
     "data": ("bench.data", "a large prompt set's load: rows/s and peak memory per format"),
     "scale": ("bench.scale", "the buffer under 64 producers and 4 pullers; its restart on a large log"),
     "connections": ("bench.connections", "each service under 1,024 descriptors against 2,000 quiet connections"),
+    "episodes": ("bench.episodes", "multi-turn episodes vs the same tokens single-turn: the cost of turns"),
     "learning": ("bench.learning", "the demo vs TRL's GRPOTrainer: pass@1 gained per sample and minute"),
 }
 

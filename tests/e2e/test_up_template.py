@@ -60,6 +60,9 @@ def test_the_qwen_gsm8k_template_trains_with_a_tiny_stand_in(tmp_path):
     assert summary["prompts"] == 4 and summary["n"] == 2 and 0.0 <= summary["pass@1"] <= summary["pass@2"] <= 1.0
     results = [json.loads(line) for line in Path(summary["samples"]).read_text().splitlines()]
     assert len(results) == 8 and sum(r["answer_ok"] for r in results) / 8 == pytest.approx(summary["pass@1"])
+    # How far it got, after each engine call: what `up` shows while the starting weights are evaluated.
+    progress = json.loads((tmp_path / "eval" / "progress.json").read_text())
+    assert (progress["prompts_done"], progress["prompts"], progress["seconds_left"]) == (4, 4, 0)
 
 
 def test_a_run_launched_from_python_is_followed_step_by_step(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from zerobubble.rollout.evaluation import write_progress
 from zerobubble.tooling.launcher.progress import ProgressLine
 
 
@@ -58,8 +59,12 @@ def test_before_the_first_step_the_line_says_the_starting_weights_are_evaluated_
     progress = ProgressLine(tmp_path, interval=0, evaluation="3 prompts x 2 samples")
     progress.start()
     progress.refresh()
-    assert "evaluating the starting weights first: 3 prompts x 2 samples" in capsys.readouterr().out
-    (tmp_path / "eval").mkdir()
+    assert "evaluating the starting weights first: 3 prompts x 2 samples)" in capsys.readouterr().out
+    write_progress(tmp_path / "eval", {"dataset": "heldout", "version": 0, "prompts_done": 2, "prompts": 3,
+                                       "samples_per_prompt": 2, "seconds": 10.0, "seconds_left": 5.0})
+    progress.refresh()
+    assert "evaluating the starting weights first: 3 prompts x 2 samples, 2/3 prompts done, about 5 s left)" in \
+        capsys.readouterr().out
     (tmp_path / "eval" / "summary.jsonl").write_text(json.dumps({"version": 0, "prompts": 3, "pass@1": 0.25}) + "\n")
     progress.refresh()
     assert "waiting for the first training step (before training: pass@1 0.250 on 3 prompts)" in \

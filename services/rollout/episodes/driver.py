@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +28,16 @@ from zerobubble.rollout.prompting import PromptBuilder
 from zerobubble.v1 import common_pb2
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodeTimings:
+    """Where a driver's time went, for `zerobubble bench episodes`: generating, and waiting on environments
+    (the engine idles then), with each environment call's latency."""
+
+    engine_seconds: float = 0.0
+    environment_seconds: float = 0.0
+    step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))   # the latest ones
 
 
 @dataclass
@@ -92,6 +104,7 @@ class EpisodeDriver:
         self.max_new_tokens = max_new_tokens
         self.turn_tokens = min(spec.max_turn_tokens or max_new_tokens, max_new_tokens)
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="episode")
+        self.timings = EpisodeTimings()
 
     def play(self, engine: Engine, prompts: Sequence[EpisodePrompt],
              sampling: SamplingSettings) -> tuple[list[list[int]], list[list[Sample]]]:
@@ -120,15 +133,28 @@ class EpisodeDriver:
             episodes.extend(_Live(s, EpisodeRecord(item.route.environment), ids) for s in group)
 
         turn = dataclasses.replace(sampling, max_new_tokens=self.turn_tokens)
-        first = engine.generate(prompt_ids, turn)
+        first = self._generate(engine, prompt_ids, turn)
         self._take_turn(episodes, [s for per_prompt in first for s in per_prompt])
         while live := [e for e in episodes if not e.ended]:
             budget = max(self.max_new_tokens - len(e.tokens) for e in live)
             later = dataclasses.replace(turn, n=1, max_new_tokens=min(self.turn_tokens, budget),
                                         seed=None if turn.seed is None else turn.seed + live[0].record.turns)
-            samples = engine.generate([e.prefix + e.tokens for e in live], later)
+            samples = self._generate(engine, [e.prefix + e.tokens for e in live], later)
             self._take_turn(live, [per_context[0] for per_context in samples])
         return prompt_ids, [[self._sample(e) for e in episodes[i * n:(i + 1) * n]] for i in range(len(prompts))]
+
+    def _generate(self, engine: Engine, contexts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
+        started = time.perf_counter()
+        try:
+            return engine.generate(contexts, sampling)
+        finally:
+            self.timings.engine_seconds += time.perf_counter() - started
+
+    def _step(self, episode: _Live) -> StepOutcome:
+        started = time.perf_counter()
+        outcome = self.sessions.step(episode.session.episode_id, episode.last_text)
+        self.timings.step_seconds.append(time.perf_counter() - started)
+        return outcome
 
     def _take_turn(self, live: list[_Live], samples: list[Sample]) -> None:
         for episode, sample in zip(live, samples, strict=True):
@@ -139,7 +165,9 @@ class EpisodeDriver:
             episode.last_finish = sample.finish_reason if len(ids) == len(sample.token_ids) else FINISH_LENGTH
             episode.last_text = sample.text if len(ids) == len(sample.token_ids) else \
                 self.renderer.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
-        outcomes = list(self._pool.map(lambda e: self.sessions.step(e.session.episode_id, e.last_text), live))
+        started = time.perf_counter()
+        outcomes = list(self._pool.map(self._step, live))
+        self.timings.environment_seconds += time.perf_counter() - started
         for episode, outcome in zip(live, outcomes, strict=True):
             self._after_step(episode, outcome)
 

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from zerobubble.rollout.evaluation import PROGRESS_FILE
+
 
 def last_row(path: Path) -> dict | None:
     try:
@@ -36,6 +38,16 @@ def describe(row: dict | None, elapsed: float, samples: float, waiting: str = ""
             f"staleness {row.get('staleness_mean', 0):.2f}  {samples / elapsed if elapsed else 0:.1f} samples/s")
 
 
+def evaluation_progress(path: Path) -> str:
+    """", 16/50 prompts done, about 40 s left" from the evaluation's progress file, or "" before its first call."""
+    try:
+        progress = json.loads(path.read_text())
+        return (f", {progress['prompts_done']}/{progress['prompts']} prompts done, "
+                f"about {progress['seconds_left']:.0f} s left")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
 class ProgressLine:
     """One line redrawn in place on a terminal. Otherwise (a log file, CI, tee) a plain line for each new step, at
     most one every `interval` seconds, a line every `interval` seconds while no step comes, and the last step
@@ -46,6 +58,7 @@ class ProgressLine:
         until the first step the line says it is under way, then its result."""
         self.metrics = run_dir / "trainer" / "metrics.jsonl"
         self.evaluations = run_dir / "eval" / "summary.jsonl"
+        self.progress = run_dir / "eval" / PROGRESS_FILE
         self.evaluation = evaluation
         self.interval = interval
         self.started = time.monotonic()
@@ -87,7 +100,7 @@ class ProgressLine:
             return ""
         done = last_row(self.evaluations)
         if done is None:
-            return f" (evaluating the starting weights first: {self.evaluation})"
+            return f" (evaluating the starting weights first: {self.evaluation}{evaluation_progress(self.progress)})"
         return f" (before training: pass@1 {done['pass@1']:.3f} on {done['prompts']} prompts)"
 
     def close(self) -> None:
