@@ -174,7 +174,7 @@ class EpisodeService:
         check_size(row_json, self.config.limits.max_row_bytes, "row_json", "limits.max_row_bytes")
         try:
             row = json.loads(row_json)
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # ValueError: also an integer of more digits than Python reads
             raise InvalidInput(f"not JSON ({getattr(exc, 'msg', exc)})", "row_json") from None
         if not isinstance(row, dict):
             raise InvalidInput(f"must be a JSON object, got a {type(row).__name__}", "row_json")
