@@ -186,7 +186,8 @@ def test_bad_requests_get_the_right_status_naming_the_field(environments):
     assert code == grpc.StatusCode.NOT_FOUND and "'nowhere'" in details and "environment" in details
     raw = environments.stub.OpenEpisode
     for row_json, says in [("{not json", "not JSON"), ("[1, 2]", "JSON object"),
-                           ('{"messages": [{"role": "user"}]}', "content")]:
+                           ('{"messages": [{"role": "user"}]}', "content"),
+                           ('{"n": ' + "1" * 5000 + "}", "not JSON")]:
         with pytest.raises(grpc.RpcError) as caught:
             raw(_open_request("guess", row_json), timeout=10)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
