@@ -119,13 +119,17 @@ class EpisodeService:
             episode_id = secrets.token_hex(12)
             runner = (_Local(self._local[environment], self._bounds) if environment in self._local
                       else self.processes.open_process())
-            self._episodes[episode_id] = _Open(environment, runner, time.monotonic())
+            episode = self._episodes[episode_id] = _Open(environment, runner, time.monotonic())
+            episode.lock.acquire()  # held while it opens: no expiry, no step
         try:
             opening = runner.open(environment, row, limits.step_timeout_s)
         except BadReply as failed:
             self._forget(episode_id)
             self.metrics.ended.labels(environment, failed.code).inc()
             raise ResetFailed(f"environment {environment!r} failed in reset ({failed.code}): {failed}") from None
+        finally:
+            episode.last_used = time.monotonic()
+            episode.lock.release()
         self.metrics.opened.labels(environment).inc()
         return episode_id, opening, json.dumps(info.tools)
 
@@ -152,7 +156,10 @@ class EpisodeService:
             if step.done:
                 episode.ended = reason or "done"
                 episode.runner.kill()
-                self.metrics.ended.labels(episode.environment, episode.ended).inc()
+                with self._lock:
+                    still_open = episode_id in self._episodes
+                if still_open:  # one closed mid-step was counted as closed
+                    self.metrics.ended.labels(episode.environment, episode.ended).inc()
             self.metrics.steps.labels(episode.environment).inc()
             self.metrics.tool_calls.labels(episode.environment).inc(step.tool_calls)
             self.metrics.step_seconds.labels(episode.environment).observe(time.monotonic() - started)

@@ -58,10 +58,14 @@ class EpisodeProcesses:
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
         environment = {name: os.environ[name] for name in (*BASIC_ENV, *self._workers.env) if name in os.environ}
+        environment["PYTHONUNBUFFERED"] = "1"  # an episode's prints reach the log before it is killed
         with theirs:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "zerobubble.environment.worker", str(theirs.fileno()), str(os.getpid())],
-                env=environment, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
+                env=environment, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True,
+                # What users' code prints goes to the service's log, never into its own stdout (whose first line
+                # is the service's address line).
+                stdout=sys.stderr.fileno())
         conn = Connection(os.dup(ours.fileno()))
         try:
             conn.send_bytes(json.dumps({
@@ -163,7 +167,7 @@ class ProcessEpisode:
                 self._pid = first[1]
             self._conn.send_bytes(json.dumps(message, ensure_ascii=False).encode())
             reply = self._read(timeout)
-        except (EOFError, BrokenPipeError, ConnectionResetError):
+        except (EOFError, OSError):  # OSError: also the episode closed (and its socket with it) mid-step
             self._fail(EXITED, "the environment's process exited")
         if isinstance(reply, list) and len(reply) == 3 and reply[0] == "failed":
             self._fail(reply[1] if reply[1] in WORKER_CODES else BAD_REPLY, str(reply[2])[:2000])

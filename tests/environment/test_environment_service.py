@@ -176,6 +176,27 @@ def test_a_reset_that_fails_refuses_the_open_with_its_reason(environments):
     assert "reset_fails" in failed.value.details() and "KeyError" in failed.value.details()
 
 
+def test_a_reset_that_hangs_is_killed_at_its_time_limit(environment_host, environments):
+    before = ended(environment_host, "hangs", "timeout")
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as failed:
+        environments.open_episode("hangs", {"hang_in_reset": True})
+    assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "(timeout)" in failed.value.details()
+    assert 1.9 < time.monotonic() - started < 10
+    assert ended(environment_host, "hangs", "timeout") == before + 1
+
+
+def test_closing_an_episode_mid_step_ends_that_step_with_exited(environments):
+    hung = environments.open_episode("hangs", {})
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(step=environments.step_episode(hung.episode_id, "hang")))
+    thread.start()
+    time.sleep(0.5)
+    environments.close_episode(hung.episode_id)
+    thread.join(30)
+    assert (result["step"].done, result["step"].ended_reason) == (True, "exited")
+
+
 def test_bad_requests_get_the_right_status_naming_the_field(environments):
     def status(call):
         with pytest.raises(grpc.RpcError) as caught:
@@ -256,3 +277,31 @@ def test_an_environment_that_does_not_import_stops_the_start_naming_its_entry(tm
 def test_bad_environment_entries_are_refused_naming_the_field(entry, says):
     with pytest.raises(ConfigError, match=says):
         load_config(EnvironmentServiceConfig, overrides={"environments": [entry]})
+
+
+def test_zerobubble_serve_environment_prints_its_address_first_and_stops_on_sigterm(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+    from env_helpers import ENVIRONMENTS
+
+    config = tmp_path / "environment.yaml"
+    config.write_text(yaml.safe_dump({"server": {"listen": "127.0.0.1:0", "grace_seconds": 1.0},
+                                      "environments": [entry for entry in ENVIRONMENTS if entry["name"] == "guess"]}))
+    serve = subprocess.Popen([sys.executable, "-m", "zerobubble", "serve", "environment", "--config", str(config)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = json.loads(serve.stdout.readline())
+        assert ready["service"] == "environment"
+        with client_of(type("Host", (), {"address": ready["address"]})) as client:
+            opened = client.open_episode("guess", ROW)
+            assert not client.step_episode(opened.episode_id, "1").done
+            assert client.step_episode(opened.episode_id, "42").done
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) == 0
+        assert "sample_envs imported" in serve.stderr.read()
+    finally:
+        serve.kill()
+        serve.wait()

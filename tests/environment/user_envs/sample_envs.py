@@ -4,6 +4,9 @@ behaves, and one for each way an environment can fail."""
 import os
 import time
 
+# What an environment's module prints goes to the service's log, not into the line `zerobubble serve` prints.
+print("sample_envs imported")
+
 
 class GuessNumber:
     """The model guesses the row's ground truth; the environment says higher or lower."""
@@ -64,6 +67,8 @@ class AddTools:
 
 class Hangs:
     def reset(self, row):
+        if row.get("hang_in_reset"):
+            time.sleep(3600)
         return None
 
     def step(self, assistant_text):
