@@ -32,15 +32,21 @@ class Blueprint:
     tool_format: str
 
 
-def blueprint(entry: EnvironmentConfig, bounds: Bounds, sandbox: CodeSandbox | None = None) -> Blueprint:
-    """Imports what the entry names (users' code: only in a worker process) and derives its tools' schemas;
-    ImportError or ValueError say what is wrong with it."""
+def schemas_of(tools: list[Callable]) -> list[dict]:
+    return [tool_schema(tool) for tool in tools]
+
+
+def blueprint(entry: EnvironmentConfig, bounds: Bounds, sandbox: CodeSandbox | None = None,
+              derive: Callable[[list[Callable]], list[dict]] = schemas_of) -> Blueprint:
+    """Imports what the entry names (users' code: only in a worker process) and derives its tools' schemas with
+    `derive`; ImportError or ValueError say what is wrong with it."""
     path = None if entry.path is None else str(entry.path)
+    schemas: list[dict] = []
 
     def tool_environment(tools: list[Callable], inner: Callable[[], Any] | None = None) -> Callable[[], Any]:
         rule = (final_answer_rule(entry.final_answer) if entry.final_answer in FINAL_ANSWER_RULES
                 else import_callable(entry.final_answer, path))
-        return lambda: ToolEnvironment(tools, entry.tool_format, rule, entry.max_tool_calls,
+        return lambda: ToolEnvironment(tools, schemas, entry.tool_format, rule, entry.max_tool_calls,
                                        bounds.max_tool_output_chars, None if inner is None else inner())
 
     if entry.builtin == "calculator":
@@ -66,7 +72,8 @@ def blueprint(entry: EnvironmentConfig, bounds: Bounds, sandbox: CodeSandbox | N
             make = tool_environment(tools, cls)
         else:
             raise ValueError(f"{entry.environment} has neither step(assistant_text) nor tools")
-    return Blueprint(make, [tool_schema(tool) for tool in tools], entry.tool_format if tools else "")
+    schemas.extend(derive(tools) if tools else [])
+    return Blueprint(make, schemas, entry.tool_format if tools else "")
 
 
 class Episode:

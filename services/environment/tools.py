@@ -71,13 +71,16 @@ def _boxed(answer: str, row: dict) -> float:
 
 
 class ToolEnvironment:
-    """One episode over `tools`. `inner`, when given, is the user's instance: its reset(row) gives the opening
-    and its final_reward(answer_text, row), if it has one, scores the final answer instead of `final_reward`."""
+    """One episode over `tools` (whose `schemas` tool_schema gave). `inner`, when given, is the user's instance:
+    its reset(row) gives the opening and its final_reward(answer_text, row), if it has one, scores the final answer
+    instead of `final_reward`."""
 
-    def __init__(self, tools: list[Callable], tool_format: str, final_reward: Callable[[str, dict], float],
-                 max_tool_calls: int, max_output_chars: int, inner: Any = None):
+    def __init__(self, tools: list[Callable], schemas: list[dict], tool_format: str,
+                 final_reward: Callable[[str, dict], float], max_tool_calls: int, max_output_chars: int,
+                 inner: Any = None):
         self.tools = {tool.__name__: tool for tool in tools}
-        self.first_parameter = {tool.__name__: next(iter(_properties(tool_schema(tool))), None) for tool in tools}
+        self.first_parameter = {tool.__name__: next(iter(_properties(schema)), None)
+                                for tool, schema in zip(tools, schemas, strict=True)}
         self.tool_format = tool_format
         self.final_reward = getattr(inner, "final_reward", None) or final_reward
         self.max_tool_calls = max_tool_calls

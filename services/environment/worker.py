@@ -60,6 +60,32 @@ def _serve_episode(conn: Connection, plans: dict[str, Blueprint], bounds: Bounds
         conn.send_bytes(encoded.encode())
 
 
+def _schemas_in_a_child(tools: list) -> list[dict]:
+    """The tools' schemas, derived in a fork that exits after: transformers, which derives them, stays out of the
+    parent, whose every fork for an episode would otherwise copy its page tables (7 ms instead of 0.3 here)."""
+    from zerobubble.environment.episode import schemas_of
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read)
+        try:
+            reply = ["ok", schemas_of(tools)]
+        except BaseException as exc:  # noqa: BLE001 - reported by the parent as the entry's error
+            reply = ["error", f"{type(exc).__name__}: {exc}"]
+        with os.fdopen(write, "wb") as out:
+            out.write(json.dumps(reply).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as source:
+        data = source.read()
+    os.waitpid(child, 0)
+    kind, value = json.loads(data) if data else ["error", "deriving the tools' schemas killed its process"]
+    if kind != "ok":
+        raise ValueError(value)
+    return value
+
+
 def _become_episode(fd: int, control: socket.socket, plans: dict[str, Blueprint], bounds: Bounds) -> None:
     """In the forked child: its own session, dead with the parent, then the episode."""
     parent = os.getppid()
@@ -88,7 +114,7 @@ def _parent(fd: int, service_pid: int) -> None:
     for index, entry in settings["environments"]:
         config = EnvironmentConfig.model_validate(entry)
         try:
-            plans[config.name] = blueprint(config, bounds)
+            plans[config.name] = blueprint(config, bounds, derive=_schemas_in_a_child)
         except BaseException as exc:  # noqa: BLE001 - reported to the service, which refuses to start
             _send(conn, ["import_error", f"environments[{index}]", f"{type(exc).__name__}: {exc}"])
             return

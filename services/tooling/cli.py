@@ -111,6 +111,7 @@ BENCHES = {
     "scale": ("bench.scale", "the buffer under 64 producers and 4 pullers; its restart on a large log"),
     "connections": ("bench.connections", "each service under 1,024 descriptors against 2,000 quiet connections"),
     "learning": ("bench.learning", "the demo vs TRL's GRPOTrainer: pass@1 gained per sample and minute"),
+    "environment": ("bench.environment", "environment service: open and step latency, steps/s of episodes at once"),
 }
 
 # What the train extra brings: a command that needs one of these on a light install says which extra to add.

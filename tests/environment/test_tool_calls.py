@@ -80,8 +80,8 @@ def test_a_turn_of_calls_becomes_tool_messages_and_a_turn_without_is_the_final_a
         """
         return len(text)
 
-    env = ToolEnvironment([calculator, count], "compact", final_answer_rule("exact"), max_tool_calls=2,
-                          max_output_chars=10)
+    env = ToolEnvironment([calculator, count], [tool_schema(calculator), tool_schema(count)], "compact",
+                          final_answer_rule("exact"), max_tool_calls=2, max_output_chars=10)
     assert env.reset({"ground_truth": "7"}) is None
     step = env.step("@calculator(3+4) @count(abcdefghijklmnop) @calculator(2**99999)")
     assert step["done"] is False and step["reward"] == 0.0
