@@ -14,7 +14,8 @@ import grpc
 import pytest
 from env_helpers import client_of, start_environment
 
-from zerobubble.common.config import ConfigError, load_config
+from zerobubble.common.clients.environment import EnvironmentClient
+from zerobubble.common.config import ClientConfig, ConfigError, load_config
 from zerobubble.environment.app import build
 from zerobubble.environment.config import EnvironmentServiceConfig
 
@@ -227,12 +228,19 @@ def _open_request(environment: str, row_json: str):
     return environment_pb2.OpenEpisodeRequest(environment=environment, row_json=row_json)
 
 
-def test_episodes_over_the_limit_are_refused_and_idle_ones_expire():
-    host = start_environment(**{"limits.max_episodes": 2, "limits.idle_timeout_s": 1.0})
+def test_episodes_over_the_limit_are_refused_idle_ones_expire_and_none_gets_the_token(monkeypatch):
+    monkeypatch.setenv("ENVIRONMENT_TEST_TOKEN", "secret")
+    monkeypatch.setenv("ENVIRONMENT_TEST_PASSED", "yes")
+    host = start_environment(**{"limits.max_episodes": 2, "limits.idle_timeout_s": 1.0,
+                                "server.auth_token_env": "ENVIRONMENT_TEST_TOKEN",
+                                "workers.env": ["ENVIRONMENT_TEST_PASSED"]})
     try:
-        with client_of(host) as client:
+        with EnvironmentClient(ClientConfig(address=host.address, auth_token_env="ENVIRONMENT_TEST_TOKEN",
+                                            timeout_seconds=30, retry_seconds=5)) as client:
             first = client.open_episode("guess", ROW)
-            client.open_episode("hangs", {})
+            hangs = client.open_episode("hangs", {})
+            seen = json.loads(client.step_episode(hangs.episode_id, "hello").info_json)["environment"]
+            assert "ENVIRONMENT_TEST_PASSED" in seen and "ENVIRONMENT_TEST_TOKEN" not in seen
             with pytest.raises(grpc.RpcError) as full:
                 client.open_episode("guess", ROW)
             assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -74,7 +74,8 @@ class Hangs:
     def step(self, assistant_text):
         if assistant_text == "hang":
             time.sleep(3600)
-        return {"observation": "ok", "reward": 0.5, "done": False, "info": {"pid": os.getpid()}}
+        return {"observation": "ok", "reward": 0.5, "done": False,
+                "info": {"pid": os.getpid(), "environment": sorted(os.environ)}}
 
 
 class Raises:
