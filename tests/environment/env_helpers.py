@@ -31,6 +31,7 @@ ENVIRONMENTS = [
     user_env("huge", "Huge"),
     user_env("never_done", "NeverDone"),
     user_env("reset_fails", "ResetFails"),
+    user_env("forger", "Forger"),
 ]
 TEST_SETTINGS = {
     "server.listen": "127.0.0.1:0",

@@ -163,6 +163,24 @@ def test_a_failing_environment_ends_its_episode_with_a_stable_reason(environment
     assert environments.step_episode(environments.open_episode("guess", ROW).episode_id, "42").done
 
 
+@pytest.mark.parametrize(("text", "reason"), [("not_json", "bad_reply"), ("huge", "observation_too_large"),
+                                             ("wrong_shape", "bad_reply"), ("bad_code", "bad_reply")])
+def test_the_service_checks_what_an_episodes_process_sends_itself(environments, text, reason):
+    opened = environments.open_episode("forger", {})
+    step = environments.step_episode(opened.episode_id, text)
+    assert (step.done, step.ended_reason) == (True, reason)
+
+
+def test_the_service_answers_health_checks_and_reflection(environment_host):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with grpc.insecure_channel(environment_host.address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        assert "zerobubble.v1.EnvironmentService" in ProtoReflectionDescriptorDatabase(channel).get_services()
+
+
 def test_an_environment_that_never_says_done_ends_after_max_steps(environments):
     opened = environments.open_episode("never_done", {})
     replies = [environments.step_episode(opened.episode_id, "more") for _ in range(5)]

@@ -128,3 +128,26 @@ class ResetFails:
 
     def step(self, assistant_text):
         return {"observation": None, "reward": 0.0, "done": True, "info": {}}
+
+
+class Forger:
+    """Writes its own frames on the episode's socket, past the checks of the episode's process: the service must
+    bound and check what it reads itself."""
+
+    def reset(self, row):
+        return None
+
+    def step(self, assistant_text):
+        import struct
+
+        frames = {"not_json": b"\xff\xfe not json", "huge": b"", "wrong_shape": b'["stepped", 1]',
+                  "bad_code": b'["failed", "anything I like", "x"]'}
+        payload = frames[assistant_text]
+        header = struct.pack("!i", 2 ** 31 - 1 if assistant_text == "huge" else len(payload))
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    os.write(int(fd), header + payload)
+            except OSError:
+                continue
+        time.sleep(3600)
