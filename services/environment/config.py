@@ -78,6 +78,10 @@ class EnvironmentConfig(Schema):
             raise ValueError(f"environments[{self.name}].tools: the tools builtin needs at least one tool")
         if self.tools and self.builtin != "tools":
             raise ValueError(f"environments[{self.name}].tools: only the tools builtin takes a list of tools")
+        if self.builtin == "python" and self.final_answer not in FINAL_ANSWER_RULES:
+            # Its episodes run on the service's threads, beside the sandbox, where no user's code is imported.
+            raise ValueError(f"environments[{self.name}].final_answer: the python builtin takes one of "
+                             f"{', '.join(FINAL_ANSWER_RULES)}")
         return self
 
     @property

@@ -299,6 +299,7 @@ def test_an_environment_that_does_not_import_stops_the_start_naming_its_entry(tm
     ({"name": "x", "environment": "not a target"}, "module:Class"),
     ({"name": "x", "builtin": "tools"}, "at least one tool"),
     ({"name": "x", "builtin": "calculator", "final_answer": "nearly"}, "module:function"),
+    ({"name": "x", "builtin": "python", "final_answer": "my:rule"}, "the python builtin takes one of"),
 ])
 def test_bad_environment_entries_are_refused_naming_the_field(entry, says):
     with pytest.raises(ConfigError, match=says):
