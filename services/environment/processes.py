@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from zerobubble.common.config import ConfigError
+from zerobubble.common.errors import TemporarilyUnavailable
 from zerobubble.common.user_code import BASIC_ENV
 from zerobubble.environment.config import EnvironmentConfig, WorkersConfig
 from zerobubble.environment.contract import (
@@ -66,6 +67,17 @@ class EpisodeProcesses:
                 # What users' code prints goes to the service's log, never into its own stdout (whose first line
                 # is the service's address line).
                 stdout=sys.stderr.fileno())
+        try:
+            first = self._handshake(ours)
+        except BaseException:
+            ours.close()
+            self._kill_parent()
+            raise
+        _, self.tools, self.tool_formats = first
+        self._control = ours
+
+    def _handshake(self, ours: socket.socket) -> list:
+        """Sends the parent its settings; its first answer, once it has imported the environments."""
         conn = Connection(os.dup(ours.fileno()))
         try:
             conn.send_bytes(json.dumps({
@@ -74,42 +86,45 @@ class EpisodeProcesses:
                 "environments": [[index, entry.model_dump(mode="json")] for index, entry in self._entries],
             }).encode())
             if not conn.poll(self._workers.start_timeout_s):
-                self._kill_parent()
                 raise ConfigError(f"environments: importing them took over {self._workers.start_timeout_s:g} s "
                                   "(workers.start_timeout_s)")
             first = json.loads(conn.recv_bytes(16 * 1024 * 1024))
         except (EOFError, OSError):
-            self._kill_parent()
             raise ConfigError(f"environments: their process exited at start (exit code {self._process.poll()})") \
                 from None
         finally:
             conn.close()
         if first[0] == "import_error":
-            self._kill_parent()
             raise ConfigError(f"{first[1]}: cannot load it: {first[2]}")
-        _, self.tools, self.tool_formats = first
-        self._control = ours
+        return first
 
     def open_process(self) -> ProcessEpisode:
         """A new episode process (the parent is started again first if it has died)."""
         with self._lock:
             for attempt in range(2):
+                if self._control is None:
+                    self._restart()
                 ours, theirs = socket.socketpair()
                 try:
                     socket.send_fds(self._control, [FORK], [theirs.fileno()])
                     return ProcessEpisode(Connection(ours.detach()), self._bounds)
                 except OSError:
                     ours.close()
-                    if attempt:
-                        raise
                     log.warning("the environments' parent process died (exit code %s); starting it again",
                                 self._process.poll())
                     self._kill_parent()
-                    self.restarts += 1
-                    self._start()
+                    if attempt:
+                        raise TemporarilyUnavailable("the environments' process died again as it started") from None
                 finally:
                     theirs.close()
         raise AssertionError("unreachable")
+
+    def _restart(self) -> None:
+        self.restarts += 1
+        try:
+            self._start()
+        except ConfigError as exc:  # it imported at the service's start: something changed or ran out since
+            raise TemporarilyUnavailable(f"the environments' process could not be started again: {exc}") from None
 
     def _kill_parent(self) -> None:
         if self._control is not None:
