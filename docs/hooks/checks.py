@@ -15,7 +15,7 @@ log = logging.getLogger("mkdocs.hooks.checks")
 _CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 _PATH = re.compile(r"^(services|tests|deploy|protos|docs|\.ci)/[\w./*-]*$")
 # Other spellings of a repository path: through the package name, or from inside services/.
-_OTHER_SPELLING = re.compile(r"^(zerobubble/|(common|reward|buffer|rollout|trainer|tooling)/)[\w/]+\.py\b")
+_OTHER_SPELLING = re.compile(r"^(zerobubble/|(common|reward|buffer|rollout|trainer|environment|tooling)/)[\w/]+\.py\b")
 _KEY = re.compile(r"^([a-z_]+(?:\.[a-z_0-9]+)+)(?:[ =:].*)?$")
 
 
@@ -23,7 +23,7 @@ def _schemas():
     from zerobubble.tooling.launcher.config import UpConfig
 
     services = {name: importlib.import_module(f"zerobubble.{name}.app").CONFIG_SCHEMA
-                for name in ("reward", "buffer", "rollout", "trainer")}
+                for name in ("reward", "buffer", "rollout", "trainer", "environment")}
     return UpConfig, services
 
 

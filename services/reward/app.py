@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from zerobubble.common.sandbox.runner import CodeSandbox
 from zerobubble.common.server import ServiceHost
 from zerobubble.reward.combined import CombinedVerifier
 from zerobubble.reward.config import REWARD_MODEL, RewardServiceConfig
@@ -12,7 +13,6 @@ from zerobubble.reward.custom import CustomVerifier, custom_specs
 from zerobubble.reward.http_server import RewardHttp
 from zerobubble.reward.math_pool import VerifierPool, WorkerLimits
 from zerobubble.reward.metrics import RewardMetrics
-from zerobubble.reward.sandbox import CodeSandbox
 from zerobubble.reward.scorer import RewardScorer
 from zerobubble.reward.servicer import RewardServicer
 from zerobubble.reward.verifiers import CodeVerifier, boxed_verifier, think_answer_verifier

@@ -1,51 +1,24 @@
 """Custom verifiers: a callable the user brings, `function(response, ground_truth, metadata)`, returning a number
 (the reward) or a dict {reward, answer_ok, format_ok, extracted_answer}.
 
-The callable runs in the verification workers (math_pool.py): `import_callable` and `call_custom` run there,
-`CustomVerifier` in the server. Whatever the callable does (hang, raise, exit, return garbage) becomes the item's
-`reason`, and the service goes on.
+The callable runs in the verification workers (math_pool.py): `call_custom` and common/user_code.py's
+`import_callable` run there, `CustomVerifier` in the server. Whatever the callable does (hang, raise, exit, return
+garbage) becomes the item's `reason`, and the service goes on.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from zerobubble.common.user_code import shown
 from zerobubble.reward.config import CustomVerifierConfig, RewardValues
 from zerobubble.reward.math_pool import CustomSpec, VerifierPool
 from zerobubble.reward.verifiers import ScoreItem, Verdict
 
 _RESULT_KEYS = ("reward", "answer_ok", "format_ok", "extracted_answer")
-_SHOWN_CHARS = 200
-
-
-def import_callable(function: str, path: str | None) -> Callable:
-    """The callable `module:name`, importing the module from `path` first when given."""
-    if path is not None and path not in sys.path:
-        sys.path.insert(0, path)
-    module_name, _, name = function.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except BaseException as exc:  # noqa: BLE001 - a module that exits or fails at import is a config error
-        raise ImportError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
-    target = getattr(module, name, None)
-    if target is None:
-        raise ImportError(f"module {module_name!r} has no {name!r}")
-    if not callable(target):
-        raise ImportError(f"{function} is a {type(target).__name__}, not a callable")
-    return target
-
-
-def _shown(value: Any) -> str:
-    try:
-        text = str(value)
-    except Exception:  # noqa: BLE001 - an object whose str() fails still gets a reason
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
 
 
 def _bad(why: str) -> tuple:
@@ -73,7 +46,7 @@ def _normalised(value: Any, max_extracted_bytes: int) -> tuple:
         return reward, None, None, "", ""
     unknown = [key for key in value if key not in _RESULT_KEYS]
     if unknown:
-        return _bad(f"unknown keys {_shown(unknown[:3])}{' and more' if len(unknown) > 3 else ''} "
+        return _bad(f"unknown keys {shown(unknown[:3])}{' and more' if len(unknown) > 3 else ''} "
                     f"(expected {', '.join(_RESULT_KEYS)})")
     reward = _number(value.get("reward"))
     if reward is None:
@@ -99,11 +72,11 @@ def call_custom(function: Callable, response: str, ground_truth: Any, metadata: 
     try:
         value = function(response, ground_truth, metadata or {})
     except BaseException as exc:  # noqa: BLE001 - sys.exit and KeyboardInterrupt are the callable's failures too
-        return 0.0, False, False, "", f"verifier_error: {type(exc).__name__}: {_shown(exc)}"
+        return 0.0, False, False, "", f"verifier_error: {type(exc).__name__}: {shown(exc)}"
     try:
         return _normalised(value, max_extracted_bytes)
     except BaseException as exc:  # noqa: BLE001 - a dict or number subclass that fails when read
-        return _bad(f"reading it raised {type(exc).__name__}: {_shown(exc)}")
+        return _bad(f"reading it raised {type(exc).__name__}: {shown(exc)}")
 
 
 def custom_specs(configs: list[CustomVerifierConfig]) -> list[CustomSpec]:

@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from zerobubble.common.config import ConfigError
+from zerobubble.common.user_code import BASIC_ENV
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,6 @@ _STARTUP_SECONDS = 120.0
 _READY = "ready"
 # A reply is a verdict: a few flags, a reason and an extracted answer (bounded by the worker).
 _MAX_REPLY_BYTES = 1024 * 1024
-# What any program needs to run; everything else of the service's environment (its token) stays out.
-BASIC_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH")
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,8 @@ class WorkerFailed(Exception):
 
 
 def _worker_main(conn, specs: Sequence[CustomSpec], max_extracted_bytes: int) -> None:
-    from zerobubble.reward.custom import call_custom, import_callable
+    from zerobubble.common.user_code import import_callable
+    from zerobubble.reward.custom import call_custom
     from zerobubble.reward.math_judge import judge
 
     callables = {}

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from zerobubble.common.sandbox.runner import CodeSandbox
 from zerobubble.reward.config import RewardValues
 from zerobubble.reward.extraction import extract_boxed, extract_python, extract_think_answer
 from zerobubble.reward.math_pool import VerifierPool
-from zerobubble.reward.sandbox import CodeSandbox
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from zerobubble.common.logs import setup_logging
 from zerobubble.tooling.launcher.ready import announce
 from zerobubble.tooling.launcher.tether import follow_launcher
 
-SERVICES = ("reward", "buffer", "rollout", "trainer")
+SERVICES = ("reward", "buffer", "rollout", "trainer", "environment")
 
 
 def _service_module(name: str):
@@ -112,6 +112,7 @@ BENCHES = {
     "connections": ("bench.connections", "each service under 1,024 descriptors against 2,000 quiet connections"),
     "episodes": ("bench.episodes", "multi-turn episodes vs the same tokens single-turn: the cost of turns"),
     "learning": ("bench.learning", "the demo vs TRL's GRPOTrainer: pass@1 gained per sample and minute"),
+    "environment": ("bench.environment", "environment service: open and step latency, steps/s of episodes at once"),
 }
 
 # What the train extra brings: a command that needs one of these on a light install says which extra to add.

@@ -18,7 +18,7 @@ from zerobubble.common.config import load_config
 from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
-SERVICES = ("reward", "buffer", "trainer", "rollout-0")
+SERVICES = ("reward", "buffer", "trainer", "rollout-0", "environment")
 GENERATIONS, GROUPS_PER_STEP = 4, 4
 # The demo made small: no warm start (the model is made in a second), a short task, four groups of four per step.
 SMALL_RUN = {

@@ -31,8 +31,8 @@ from sandbox_leaks import (
 )
 
 import zerobubble.reward
-from zerobubble.reward.config import SandboxConfig
-from zerobubble.reward.sandbox import CodeSandbox, Isolation, SandboxUnavailable
+from zerobubble.common.sandbox.config import SandboxConfig
+from zerobubble.common.sandbox.runner import CodeSandbox, Isolation, SandboxUnavailable
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs programs under their own "
                                 "uids, which needs root")
@@ -363,8 +363,8 @@ def test_concurrent_runs_all_succeed(sandbox):
 
 REFUSED = """
 import zerobubble.reward
-from zerobubble.reward.config import SandboxConfig
-from zerobubble.reward.sandbox import CodeSandbox, SandboxUnavailable
+from zerobubble.common.sandbox.config import SandboxConfig
+from zerobubble.common.sandbox.runner import CodeSandbox, SandboxUnavailable
 sandbox = CodeSandbox(SandboxConfig(slots=1))
 print(sandbox.isolation.reason)
 try:
@@ -486,8 +486,8 @@ def test_closing_kills_the_runs_in_progress_and_refuses_new_ones(make_sandbox):
 
 
 FORGOTTEN = """
-from zerobubble.reward.config import SandboxConfig
-from zerobubble.reward.sandbox import CodeSandbox
+from zerobubble.common.sandbox.config import SandboxConfig
+from zerobubble.common.sandbox.runner import CodeSandbox
 sandbox = CodeSandbox(SandboxConfig(slots=1))
 print(sandbox.cgroups.base, flush=True)
 """

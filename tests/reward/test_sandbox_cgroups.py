@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from zerobubble.reward.sandbox import find_memory_cgroup
+from zerobubble.common.sandbox.runner import find_memory_cgroup
 
 HYBRID_V1 = (
     "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/dfc0\n1:cpu:/\n0::/\n",

@@ -25,10 +25,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerobubble.common.clients.reward import score_request
-from zerobubble.reward import sandbox
-from zerobubble.reward.config import SandboxConfig
+from zerobubble.common.sandbox import runner as sandbox
+from zerobubble.common.sandbox.config import SandboxConfig
+from zerobubble.common.sandbox.runner import CodeSandbox
 from zerobubble.reward.local import reward_client
-from zerobubble.reward.sandbox import CodeSandbox
 from zerobubble.tooling.bench import stop_service
 from zerobubble.v1 import reward_pb2
 

@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerobubble.buffer.prompts import PromptSource
-from zerobubble.v1 import buffer_pb2, common_pb2, reward_pb2, rollout_pb2, trainer_pb2
+from zerobubble.v1 import buffer_pb2, common_pb2, environment_pb2, reward_pb2, rollout_pb2, trainer_pb2
 
 # Where the rollout worker looks for its buffer and reward service: port 1 refuses every connection.
 NOWHERE = "127.0.0.1:1"
@@ -145,6 +145,13 @@ class Deployment:
                                 "body_timeout_seconds": HTTP_BODY_TIMEOUT_S}},
             "buffer": {**buffer, "wal": {**buffer["wal"], "directory": str(directory / "buffer-wal")}},
             "buffer-quiet": {**buffer, "wal": {**buffer["wal"], "directory": str(directory / "quiet-wal")}},
+            # The built-ins, in both call formats; the python tool's programs go to the sandbox.
+            "environment": {"server": SERVER, "environments": [
+                {"name": "calculator", "builtin": "calculator", "final_answer": "exact"},
+                {"name": "calc_compact", "builtin": "calculator", "tool_format": "compact"},
+                {"name": "python", "builtin": "python", "tool_format": "compact"}],
+                "limits": {"step_timeout_s": 2.0, "idle_timeout_s": 30.0},
+                "sandbox": {"slots": 1, "wall_seconds": 2.0, "cpu_seconds": 2}},
         }
         self.processes = {name: ServiceProcess(name, config, directory).launch() for name, config in configs.items()}
         self.processes["buffer-quiet"].ready()
@@ -282,11 +289,32 @@ def _chat(text: str) -> str:
     return json.dumps([{"role": "user", "content": text}])
 
 
+ENVIRONMENT_ROW = json.dumps({"messages": [{"role": "user", "content": "What is 6 * 7?"}], "ground_truth": "42",
+                              "data_source": "fuzz"})
+
+
+def _open_episode(deployment: Deployment, environment: str) -> str:
+    open_episode = deployment.channel("environment").unary_unary(
+        "/zerobubble.v1.EnvironmentService/OpenEpisode",
+        request_serializer=environment_pb2.OpenEpisodeRequest.SerializeToString,
+        response_deserializer=environment_pb2.OpenEpisodeReply.FromString)
+    return open_episode(environment_pb2.OpenEpisodeRequest(environment=environment, row_json=ENVIRONMENT_ROW),
+                        timeout=10.0).episode_id
+
+
+def _step_seeds(deployment: Deployment) -> list[Message]:
+    turns = [("calculator", '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'),
+             ("calc_compact", "@calculator(6*7) @calculator(2**99999"), ("python", "@python(print(6 * 7))")]
+    return [environment_pb2.StepEpisodeRequest(episode_id=_open_episode(deployment, name), assistant_text=text)
+            for name, text in turns]
+
+
 def _rpc_table() -> list[Rpc]:
     reward = reward_pb2.DESCRIPTOR.services_by_name["RewardService"].methods_by_name
     buffer = buffer_pb2.DESCRIPTOR.services_by_name["BufferService"].methods_by_name
     rollout = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].methods_by_name
     trainer = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].methods_by_name
+    environment = environment_pb2.DESCRIPTOR.services_by_name["EnvironmentService"].methods_by_name
     generate = [
         rollout_pb2.GenerateRequest(prompts=[_chat("What is 1 + 1?")],
                                     sampling=rollout_pb2.SamplingParams(n=2, max_new_tokens=4, temperature=1.0)),
@@ -319,11 +347,18 @@ def _rpc_table() -> list[Rpc]:
             deadline_s=3.0, fresh=True),
         Rpc("trainer", trainer["Status"]),
         Rpc("trainer", trainer["SaveCheckpoint"], lambda d: [trainer_pb2.SaveCheckpointRequest(tag="fuzz")]),
+        Rpc("environment", environment["ListEnvironments"]),
+        Rpc("environment", environment["OpenEpisode"], lambda d: [
+            environment_pb2.OpenEpisodeRequest(environment=name, row_json=ENVIRONMENT_ROW)
+            for name in ("calculator", "calc_compact", "python")]),
+        Rpc("environment", environment["StepEpisode"], _step_seeds),
+        Rpc("environment", environment["CloseEpisode"],
+            lambda d: [environment_pb2.CloseEpisodeRequest(episode_id=_open_episode(d, "calculator"))]),
     ]
 
 
 RPCS = _rpc_table()
-SERVICES = ("reward", "buffer", "rollout", "trainer")
+SERVICES = ("reward", "buffer", "rollout", "trainer", "environment")
 
 
 def health(deployment: Deployment, service: str, timeout: float = 5.0) -> bool:
@@ -349,6 +384,9 @@ def valid_call(deployment: Deployment, service: str, timeout: float = 30.0) -> s
                     rollout_pb2.GenerateReply, lambda reply: len(reply.completions) == 1),
         "trainer": ("/zerobubble.v1.TrainerService/Status", trainer_pb2.TrainerStatusRequest(),
                     trainer_pb2.TrainerStatusReply, lambda reply: True),
+        "environment": ("/zerobubble.v1.EnvironmentService/OpenEpisode",
+                        environment_pb2.OpenEpisodeRequest(environment="calculator", row_json=ENVIRONMENT_ROW),
+                        environment_pb2.OpenEpisodeReply, lambda reply: bool(reply.episode_id)),
     }
     path, request, reply_type, good = calls[service]
     started = time.monotonic()

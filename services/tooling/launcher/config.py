@@ -121,6 +121,9 @@ class UpConfig(Schema):
     buffer: dict[str, Any] = Field(default_factory=dict, description="fields of the buffer service config")
     trainer: dict[str, Any] = Field(default_factory=dict, description="fields of the trainer service config")
     rollout: dict[str, Any] = Field(default_factory=dict, description="fields of every rollout worker's config")
+    environment: dict[str, Any] = Field(default_factory=dict, description="fields of the environment service "
+                                        "config; the service is started (and restarted like the others) only when "
+                                        "this section lists `environments`")
 
     @model_validator(mode="before")
     @classmethod
@@ -143,6 +146,11 @@ class UpConfig(Schema):
             raise ValueError("\n".join(problems))
         return self
 
+    @property
+    def runs_environments(self) -> bool:
+        """Whether the run starts the environment service: its section lists environments."""
+        return bool(self.environment.get("environments"))
+
     def prompts_reading(self, *keys: str) -> dict[str, Any]:
         """How the training set is read (of buffer.prompts: split, columns, skip_bad_rows), for other readers of
         the user's data."""
@@ -163,6 +171,7 @@ def _service_schemas() -> dict[str, tuple[type, dict[str, Any]]]:
     """Each service section's schema, with what `up` fills in itself for the fields the schema requires (checking
     a section must not need the model or the data made first)."""
     from zerobubble.buffer.config import BufferServiceConfig
+    from zerobubble.environment.config import EnvironmentServiceConfig
     from zerobubble.reward.config import RewardServiceConfig
     from zerobubble.rollout.config import RolloutServiceConfig
     from zerobubble.trainer.config import TrainerServiceConfig
@@ -171,7 +180,8 @@ def _service_schemas() -> dict[str, tuple[type, dict[str, Any]]]:
     # The schedule's length is derived from the data when the run starts (run.py, with_schedule_length).
     trainer = {"model": made, "strategy": {"optim": {"total_steps": 1_000_000}}}
     return {"reward": (RewardServiceConfig, {}), "buffer": (BufferServiceConfig, {"prompts": {"path": made}}),
-            "trainer": (TrainerServiceConfig, trainer), "rollout": (RolloutServiceConfig, {"model": {"path": made}})}
+            "trainer": (TrainerServiceConfig, trainer), "rollout": (RolloutServiceConfig, {"model": {"path": made}}),
+            "environment": (EnvironmentServiceConfig, {})}
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """`zerobubble up`: every service its own process on loopback, started in order and health-checked, a live
 progress line, and a run folder (configs, logs, metrics, rollouts' evals, checkpoints, a plot).
 
-Order: reward, buffer, trainer (it hosts the weight-sync store), rollout workers. The run ends when the
-trainer finishes (exit 0). A service that dies is restarted (the trainer from its checkpoint) until its restarts
-are used up, which stops everything with an error. The services hold the run folder with the launcher and
-stop when it is gone, however it ended (tether.py).
+Order: reward, the environment service (when the run lists environments), buffer, trainer (it hosts the
+weight-sync store), rollout workers. The run ends when the trainer finishes (exit 0). A service that dies is
+restarted (the trainer from its checkpoint) until its restarts are used up, which stops everything with an error.
+The services hold the run folder with the launcher and stop when it is gone, however it ended (tether.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.config import TOKEN_ENV, ClientConfig, ConfigError, load_config
 from zerobubble.common.run_spec import RunSpec, model_identity, require_agreement
+from zerobubble.environment.config import EnvironmentServiceConfig
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
@@ -77,6 +78,9 @@ class Run:
         config, pipeline = self.config, self.config.pipeline
         reward = self.start("reward", "reward", RewardServiceConfig, merge(
             {"server": SERVER, "math": {"workers": 1}}, config.reward))
+        if config.runs_environments:
+            self.start("environment", "environment", EnvironmentServiceConfig,
+                       merge({"server": SERVER}, config.environment))
         spec = build_run_spec(config, assets.model)
         buffer_config = validated(BufferServiceConfig, merge({"prompts": {"path": assets.train}}, config.buffer),
                                   "buffer section")

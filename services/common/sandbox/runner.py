@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from zerobubble.reward.config import SandboxConfig
+from zerobubble.common.sandbox.config import SandboxConfig
 
 log = logging.getLogger(__name__)
 

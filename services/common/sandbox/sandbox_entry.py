@@ -1,6 +1,6 @@
 """Starts one sandboxed program: `python -I -S sandbox_entry.py STATUS_FD KEY=VALUE...`.
 
-zerobubble.reward.sandbox runs it inside bubblewrap, which has already made the run's namespaces and
+zerobubble.common.sandbox.runner runs it inside bubblewrap, which has already made the run's namespaces and
 its minimal root. This process is still root in there, with no capability but CAP_SETUID and CAP_SETGID,
 which it needs to start the program under the slot's uid. It runs in a fresh interpreter and imports
 only the standard library (and not even json: its import would double the start-up time).

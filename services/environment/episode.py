@@ -1,0 +1,114 @@
+"""One episode's environment and the checks around it, the same wherever it runs: in an episode's own process for
+users' environments (worker.py), on the service's threads for the calculator and python built-ins."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from zerobubble.common.sandbox.runner import CodeSandbox
+from zerobubble.common.user_code import import_callable, shown
+from zerobubble.environment.calculator import calculator
+from zerobubble.environment.calls import parse
+from zerobubble.environment.config import FINAL_ANSWER_RULES, EnvironmentConfig
+from zerobubble.environment.contract import ERROR, BadReply, Step, check_observation, check_step
+from zerobubble.environment.tools import ToolEnvironment, final_answer_rule, tool_schema
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_observation_bytes: int
+    max_info_bytes: int
+    max_tool_output_chars: int
+
+
+@dataclass(frozen=True)
+class Blueprint:
+    """How to make the environment of one episode, and the tools it shows the model."""
+
+    make: Callable[[], Any]
+    tools: list[dict]
+    tool_format: str
+
+
+def schemas_of(tools: list[Callable]) -> list[dict]:
+    return [tool_schema(tool) for tool in tools]
+
+
+def blueprint(entry: EnvironmentConfig, bounds: Bounds, sandbox: CodeSandbox | None = None,
+              derive: Callable[[list[Callable]], list[dict]] = schemas_of) -> Blueprint:
+    """Imports what the entry names (users' code: only in a worker process) and derives its tools' schemas with
+    `derive`; ImportError or ValueError say what is wrong with it."""
+    path = None if entry.path is None else str(entry.path)
+    schemas: list[dict] = []
+
+    def tool_environment(tools: list[Callable], inner: Callable[[], Any] | None = None) -> Callable[[], Any]:
+        rule = (final_answer_rule(entry.final_answer) if entry.final_answer in FINAL_ANSWER_RULES
+                else import_callable(entry.final_answer, path))
+        return lambda: ToolEnvironment(tools, schemas, entry.tool_format, rule, entry.max_tool_calls,
+                                       bounds.max_tool_output_chars, None if inner is None else inner())
+
+    if entry.builtin == "calculator":
+        tools = [calculator]
+        make = tool_environment(tools)
+    elif entry.builtin == "python":
+        from zerobubble.environment.python_tool import python_tool
+
+        tools = [python_tool(sandbox)]
+        make = tool_environment(tools)
+    elif entry.builtin == "tools":
+        tools = [calculator if name == "calculator" else import_callable(name, path) for name in entry.tools]
+        make = tool_environment(tools)
+    else:
+        cls = import_callable(entry.environment, path)
+        tools = getattr(cls, "tools", None) or []
+        if not isinstance(tools, list | tuple) or not all(callable(tool) for tool in tools):
+            raise ValueError(f"{entry.environment}.tools must be a list of functions")
+        tools = list(tools)
+        if callable(getattr(cls, "step", None)):
+            make = cls
+        elif tools:
+            make = tool_environment(tools, cls)
+        else:
+            raise ValueError(f"{entry.environment} has neither step(assistant_text) nor tools")
+    schemas.extend(derive(tools) if tools else [])
+    return Blueprint(make, schemas, entry.tool_format if tools else "")
+
+
+class Episode:
+    """reset and step of one environment instance, each answer checked; what the environment does wrong is raised
+    as BadReply with the episode's ended_reason."""
+
+    def __init__(self, plan: Blueprint, bounds: Bounds):
+        self._plan = plan
+        self._bounds = bounds
+        self._environment: Any = None
+
+    def open(self, row: dict) -> str:
+        """The opening as JSON."""
+        try:
+            self._environment = self._plan.make()
+            opening = self._environment.reset(row) if hasattr(self._environment, "reset") else None
+        except BaseException as exc:  # noqa: BLE001 - sys.exit in the user's code is its failure too
+            raise BadReply(ERROR, f"reset raised {type(exc).__name__}: {shown(exc)}") from None
+        return check_observation(opening, "the opening", self._bounds.max_observation_bytes)
+
+    def step(self, assistant_text: str) -> Step:
+        try:
+            value = self._environment.step(assistant_text)
+        except BaseException as exc:  # noqa: BLE001
+            raise BadReply(ERROR, f"step raised {type(exc).__name__}: {shown(exc)}") from None
+        try:
+            step = check_step(value, self._bounds.max_observation_bytes, self._bounds.max_info_bytes)
+        except BadReply:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a dict subclass whose reading fails
+            raise BadReply(ERROR, f"reading what step returned raised {type(exc).__name__}") from None
+        calls = len(parse(assistant_text, self._plan.tool_format)) if self._plan.tool_format else 0
+        return Step(step.observation, step.reward, step.done, step.info, calls)
+
+
+def step_payload(step: Step) -> list:
+    """A Step as the JSON list a worker sends."""
+    return [step.observation, step.reward, step.done, step.info, step.tool_calls]

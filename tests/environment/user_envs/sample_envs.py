@@ -1,0 +1,153 @@
+"""Environments as a user writes them (docs/guides/environments.md), from a folder outside the package: one that
+behaves, and one for each way an environment can fail."""
+
+import os
+import time
+
+# What an environment's module prints goes to the service's log, not into the line `zerobubble serve` prints.
+print("sample_envs imported")
+
+
+class GuessNumber:
+    """The model guesses the row's ground truth; the environment says higher or lower."""
+
+    def reset(self, row):
+        self.target = int(row["ground_truth"])
+        self.guesses = 0
+        return " Guess my number between 1 and 100."
+
+    def step(self, assistant_text):
+        self.guesses += 1
+        guess = int(assistant_text.strip().split()[-1])
+        if guess == self.target:
+            return {"observation": None, "reward": 1.0, "done": True, "info": {"guesses": self.guesses}}
+        hint = "higher" if guess < self.target else "lower"
+        return {"observation": [{"role": "user", "content": hint}], "reward": 0.0, "done": False, "info": {}}
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+def shout(text: str) -> str:
+    """Upper-case a text.
+
+    Args:
+        text: what to shout
+    """
+    return text.upper()
+
+
+def broken(x: int) -> int:
+    """Always fails.
+
+    Args:
+        x: anything
+    """
+    raise RuntimeError("the tool broke")
+
+
+class AddTools:
+    """Tools only: the generic tool environment drives it; the final answer is scored by final_reward."""
+
+    tools = [add, shout, broken]
+
+    def reset(self, row):
+        return [{"role": "system", "content": "Use the tools."}]
+
+    def final_reward(self, answer_text, row):
+        return 1.0 if answer_text.strip() == str(row["ground_truth"]) else 0.0
+
+
+class Hangs:
+    def reset(self, row):
+        if row.get("hang_in_reset"):
+            time.sleep(3600)
+        return None
+
+    def step(self, assistant_text):
+        if assistant_text == "hang":
+            time.sleep(3600)
+        return {"observation": "ok", "reward": 0.5, "done": False,
+                "info": {"pid": os.getpid(), "environment": sorted(os.environ)}}
+
+
+class Raises:
+    def reset(self, row):
+        return None
+
+    def step(self, assistant_text):
+        raise ValueError("the environment broke")
+
+
+class Exits:
+    def reset(self, row):
+        return None
+
+    def step(self, assistant_text):
+        os._exit(3)
+
+
+class Garbage:
+    def reset(self, row):
+        return None
+
+    def step(self, assistant_text):
+        if assistant_text == "object":
+            return {"observation": object(), "reward": 0.0, "done": False, "info": {}}
+        if assistant_text == "nan":
+            return {"observation": None, "reward": float("nan"), "done": False, "info": {}}
+        return "not a dict"
+
+
+class Huge:
+    def reset(self, row):
+        return None
+
+    def step(self, assistant_text):
+        return {"observation": "x" * (100 * 1024 * 1024), "reward": 0.0, "done": False, "info": {}}
+
+
+class NeverDone:
+    def reset(self, row):
+        return "go"
+
+    def step(self, assistant_text):
+        return {"observation": "again", "reward": 0.1, "done": False, "info": {}}
+
+
+class ResetFails:
+    def reset(self, row):
+        raise KeyError("no such column")
+
+    def step(self, assistant_text):
+        return {"observation": None, "reward": 0.0, "done": True, "info": {}}
+
+
+class Forger:
+    """Writes its own frames on the episode's socket, past the checks of the episode's process: the service must
+    bound and check what it reads itself."""
+
+    def reset(self, row):
+        return None
+
+    def step(self, assistant_text):
+        import struct
+
+        frames = {"not_json": b"\xff\xfe not json", "huge": b"", "wrong_shape": b'["stepped", 1]',
+                  "bad_code": b'["failed", "anything I like", "x"]'}
+        payload = frames[assistant_text]
+        header = struct.pack("!i", 2 ** 31 - 1 if assistant_text == "huge" else len(payload))
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    os.write(int(fd), header + payload)
+            except OSError:
+                continue
+        time.sleep(3600)
