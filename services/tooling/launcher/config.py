@@ -146,6 +146,15 @@ class UpConfig(Schema):
             raise ValueError("\n".join(problems))
         return self
 
+    @model_validator(mode="after")
+    def _episodes_have_their_environments(self):
+        wanted = self.run.episodes.environments()
+        listed = [entry.get("name") for entry in self.environment.get("environments") or [] if isinstance(entry, dict)]
+        if missing := [name for name in wanted if name not in listed]:
+            raise ValueError(f"run.episodes plays rows in {', '.join(map(repr, missing))}, which environment."
+                             f"environments does not list (it lists: {', '.join(map(str, listed)) or 'nothing'})")
+        return self
+
     @property
     def runs_environments(self) -> bool:
         """Whether the run starts the environment service: its section lists environments."""

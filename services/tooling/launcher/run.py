@@ -78,9 +78,10 @@ class Run:
         config, pipeline = self.config, self.config.pipeline
         reward = self.start("reward", "reward", RewardServiceConfig, merge(
             {"server": SERVER, "math": {"workers": 1}}, config.reward))
+        environment = None
         if config.runs_environments:
-            self.start("environment", "environment", EnvironmentServiceConfig,
-                       merge({"server": SERVER}, config.environment))
+            environment = self.start("environment", "environment", EnvironmentServiceConfig,
+                                     merge({"server": SERVER}, config.environment))
         spec = build_run_spec(config, assets.model)
         buffer_config = validated(BufferServiceConfig, merge({"prompts": {"path": assets.train}}, config.buffer),
                                   "buffer section")
@@ -121,6 +122,8 @@ class Run:
                 "buffer": {"address": buffer.address, **TOKEN}, "reward_service": {"address": reward.address, **TOKEN},
                 "trainer": {"address": trainer.address, **TOKEN}, "torch_threads": pipeline.torch_threads,
             }
+            if environment is not None:
+                tree["environment"] = {"address": environment.address, **TOKEN}
             if i == 0 and assets.eval is not None:
                 # A resumed run has its before-training evaluation; the worker's first weights are the base model's.
                 tree["eval"] = {"datasets": {"heldout": self.heldout_spec(assets.eval)},

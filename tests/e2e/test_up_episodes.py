@@ -1,0 +1,65 @@
+"""A user's own environment, written as the docs say in a folder outside the repository, trains under `zerobubble up`:
+every response is a multi-turn episode whose observation sits between the model's turns, and kill -9 of the
+environment service mid-run costs the episodes it held, never an acknowledged group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+
+from e2e_up import assert_every_group_accounted_for, kill_session, service_pids, start_up, steps_trained, tail, \
+    wait_for
+
+PROMPTS = 32
+# A user's environment: the first answer gets feedback, the second ends the episode; the reward varies with the
+# answer so that groups have something to compare.
+USER_ENVIRONMENT = '''
+class Feedback:
+    def __init__(self):
+        self.turns = 0
+
+    def reset(self, row):
+        return None
+
+    def step(self, assistant_text):
+        self.turns += 1
+        if self.turns == 1:
+            return {"observation": "Check it once more.", "reward": 0.0, "done": False, "info": {}}
+        return {"observation": None, "reward": float(len(assistant_text) % 2), "done": True, "info": {}}
+'''
+
+
+def test_a_users_environment_trains_under_up_and_survives_kill_9_of_the_environment_service(tmp_path):
+    envs = tmp_path / "my_envs"
+    envs.mkdir()
+    (envs / "feedback_env.py").write_text(textwrap.dedent(USER_ENVIRONMENT))
+    run_dir, output = tmp_path / "run", tmp_path / "up.out"
+    up = start_up(run_dir, output, **{
+        "environment.environments": f"[{{name: feedback, environment: 'feedback_env:Feedback', path: '{envs}'}}]",
+        "run.episodes.default": "{environment: feedback}", "run.episodes.max_turns": 3,
+        "run.episodes.max_turn_tokens": 8, "run.max_new_tokens": 96,
+        "trainer.tracking.rollout_log": "{interval_steps: 1, groups: 4}",
+    })
+    try:
+        wait_for(lambda: steps_trained(run_dir) >= 2, 300, "two steps of episodes", up, output)
+        os.kill(service_pids(run_dir)["environment"], signal.SIGKILL)
+        assert up.wait(600) == 0, tail(output)
+    finally:
+        kill_session(up, run_dir)
+    assert "environment was killed by SIGKILL; restarting environment" in output.read_text(), tail(output)
+    assert_every_group_accounted_for(run_dir, PROMPTS)
+
+    logged = [response for line in (run_dir / "trainer" / "rollouts.jsonl").read_text().splitlines()
+              for response in json.loads(line)["responses"]]
+    episodes = [r["episode"] for r in logged]
+    assert all(e["environment"] == "feedback" for e in episodes)
+    finished = [r for r in logged if r["episode"]["ended_reason"] == "done"]
+    assert len(finished) > len(logged) // 2, [e["ended_reason"] for e in episodes]
+    for response in finished:
+        # Two turns with the environment's feedback between them, as the chat template renders a user message.
+        assert response["episode"]["turns"] == 2 and response["episode"]["step_rewards"][0] == 0.0
+        assert "<|im_start|>user\nCheck it once more.<|im_end|>\n<|im_start|>assistant\n" in response["text"]
+    # Episodes the killed service held end as unavailable; the run went on without them.
+    assert {e["ended_reason"] for e in episodes} <= {"done", "unavailable", "max_tokens"}
