@@ -69,14 +69,18 @@ def assign(nodes: list[Node], trainer_nodes: int, gpus_per_node: int) -> Plan:
     return Plan(nodes[0], nodes[1:1 + trainer_nodes], nodes[1 + trainer_nodes:], max(1, gpus_per_node))
 
 
-def gpus_per_node(value: str | None) -> int:
-    """Slurm's SLURM_GPUS_PER_NODE: `4`, or with the type, `a100:4`; unset on a job without GPUs."""
-    if not value:
-        return 0
-    found = re.fullmatch(r"(?:[^:,]+:)?(\d+)", value.strip())
-    if found is None:
-        raise ConfigError(f"SLURM_GPUS_PER_NODE: {value!r} is not a GPU count (N or TYPE:N)")
-    return int(found.group(1))
+def gpus_per_node(environ: dict[str, str]) -> int:
+    """The GPUs of each node: SLURM_GPUS_PER_NODE (`--gpus-per-node`: `4`, or with the type, `a100:4`), else
+    SLURM_GPUS_ON_NODE (what `--gres=gpu:N` gave the batch step's node); 0 on a job without GPUs."""
+    for variable in ("SLURM_GPUS_PER_NODE", "SLURM_GPUS_ON_NODE"):
+        value = environ.get(variable, "").strip()
+        if not value:
+            continue
+        found = re.fullmatch(r"(?:[^:,]+:)?(\d+)", value)
+        if found is None:
+            raise ConfigError(f"{variable}: {value!r} is not a GPU count (N or TYPE:N)")
+        return int(found.group(1))
+    return 0
 
 
 def node_addresses(show_node: str) -> dict[str, str]:
@@ -198,7 +202,7 @@ def cmd_slurm_plan(args) -> int:
     if not nodelist or not job:
         raise ConfigError("SLURM_JOB_NODELIST, SLURM_JOB_ID: not set; slurm-plan runs inside a Slurm job")
     templates = load_templates(args.configs)
-    plan = assign(job_nodes(nodelist), args.trainer_nodes, gpus_per_node(os.environ.get("SLURM_GPUS_PER_NODE")))
+    plan = assign(job_nodes(nodelist), args.trainer_nodes, gpus_per_node(dict(os.environ)))
     run_dir = args.run_dir.resolve()
     print(write_plan(plan, templates, run_dir, run_dir / "slurm" / f"job-{job}"))
     return 0

@@ -43,13 +43,16 @@ def test_too_few_nodes_or_trainer_nodes_are_refused_naming_what_to_change():
         assign(NODES, trainer_nodes=0, gpus_per_node=0)
 
 
-@pytest.mark.parametrize(("value", "count"), [(None, 0), ("", 0), ("4", 4), ("a100:8", 8), ("h100 : 2", None)])
-def test_gpus_per_node_reads_slurms_count_with_or_without_a_type(value, count):
-    if count is None:
-        with pytest.raises(ConfigError, match="SLURM_GPUS_PER_NODE"):
-            gpus_per_node(value)
-    else:
-        assert gpus_per_node(value) == count
+@pytest.mark.parametrize(("environ", "count"), [
+    ({}, 0), ({"SLURM_GPUS_PER_NODE": ""}, 0), ({"SLURM_GPUS_PER_NODE": "4"}, 4),
+    ({"SLURM_GPUS_PER_NODE": "a100:8", "SLURM_GPUS_ON_NODE": "2"}, 8), ({"SLURM_GPUS_ON_NODE": "2"}, 2)])
+def test_gpus_per_node_reads_slurms_count_from_gpus_per_node_or_gres(environ, count):
+    assert gpus_per_node(environ) == count
+
+
+def test_a_gpu_count_slurm_did_not_write_is_refused_naming_the_variable():
+    with pytest.raises(ConfigError, match="SLURM_GPUS_PER_NODE: 'h100 : 2'"):
+        gpus_per_node({"SLURM_GPUS_PER_NODE": "h100 : 2"})
 
 
 def test_node_addresses_come_from_scontrols_one_line_records():

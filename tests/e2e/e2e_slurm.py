@@ -66,6 +66,9 @@ def slurm_unavailable() -> str | None:
         return f"{', '.join(missing)} not installed (`make slurm-tool` installs Debian's slurmctld, slurmd, munge)"
     if shutil.which("unshare") is None:
         return "the `unshare` command (util-linux) is not installed"
+    probe = subprocess.run(["unshare", "--uts", "true"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return f"`unshare --uts` (a hostname for each node) failed: {probe.stderr.strip()}"
     return namespaces_unavailable()
 
 
