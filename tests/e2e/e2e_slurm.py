@@ -20,6 +20,8 @@ from e2e_netns import NetworkNamespaces, namespaces_unavailable
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "squeue", "scancel")
 CONTROLLER = "ctl"
+# Every host's interface has this one name, as on a cluster's nodes, so one GLOO_SOCKET_IFNAME fits all.
+INTERFACE = "eth0"
 START_SECONDS = 60.0
 
 SLURM_CONF = """\
@@ -82,7 +84,8 @@ def _wait(condition, timeout: float, what: str, log: Path | None = None) -> None
 
 
 class SlurmCluster:
-    """A controller and `nodes` compute nodes (n1, n2, ...) with 2 CPUs each, in `root`."""
+    """A controller and `nodes` compute nodes (n1, n2, ...) with 2 CPUs each, in `root`; every host's address is
+    on its interface eth0."""
 
     def __init__(self, root: Path, nodes: int):
         self.root = root
@@ -95,6 +98,11 @@ class SlurmCluster:
 
     def start(self) -> SlurmCluster:
         self.net.create()
+        for host, netns in self.net.namespaces.items():
+            inside = self.net.interfaces[host]
+            for change in (["down"], ["name", INTERFACE], ["up"]):
+                subprocess.run(["ip", "-n", netns, "link", "set", "dev", inside, *change], check=True, timeout=30)
+                inside = INTERFACE if change[0] == "name" else inside
         for folder in ("munge", "ctld", *(f"nodes/{n}" for n in self.nodes)):
             (self.root / folder).mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)

@@ -1,4 +1,4 @@
-"""deploy/slurm/zerobubble.sbatch on a real Slurm cluster made here (e2e_slurm: slurmctld and three slurmd nodes,
+"""deploy/slurm/zerobubble.sbatch on a real Slurm cluster made here (e2e_slurm: slurmctld and four slurmd nodes,
 each with its own hostname and address): the job is submitted with sbatch and followed to its end, and its run
 folder checked (every acknowledged group trained once in the final lineage, the final checkpoint). Then the faults
 a cluster brings: a rollout node's step killed mid-run (started again, the run goes on), the trainer's node
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from e2e_helpers import (
     rollout_tree,
     trainer_tree,
 )
-from e2e_slurm import SlurmCluster, slurm_unavailable
+from e2e_slurm import INTERFACE, SlurmCluster, slurm_unavailable
 from e2e_up import lineage
 from stack import tiny_assets
 
@@ -34,7 +35,7 @@ from zerobubble.common.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "slurm" / "zerobubble.sbatch"
-NODES = 3
+NODES = 4
 PROMPTS = 32
 JOB_SECONDS = 420.0
 # The plan sets every address; these stand in until it does.
@@ -76,13 +77,15 @@ def templates(folder: Path, assets: Path, *, checkpoint_steps: int) -> Path:
 class Job:
     """One submitted run: its id, its output (every step's services print there) and its run folder."""
 
-    def __init__(self, cluster: SlurmCluster, tmp_path: Path, *, checkpoint_steps: int = 1000):
+    def __init__(self, cluster: SlurmCluster, tmp_path: Path, *, nodes: int = 3, trainer_nodes: int = 1,
+                 checkpoint_steps: int = 1000):
         configs = templates(tmp_path / "configs", tmp_path / "assets", checkpoint_steps=checkpoint_steps)
         self.cluster, self.run_dir = cluster, tmp_path / "run"
-        env = {"ZB_RUN_DIR": str(self.run_dir), "ZB_CONFIGS": str(configs),
+        # What a user exports before sbatch on a cluster whose nodes have several interfaces.
+        env = {"ZB_RUN_DIR": str(self.run_dir), "ZB_CONFIGS": str(configs), "ZB_TRAINER_NODES": str(trainer_nodes),
                "ZB_PYTHON": str(REPO / ".venv" / "bin" / "python"), "ZB_ROLLOUT_RESTART_SECONDS": "2",
-               **dict.fromkeys(PROXY_VARIABLES, "")}
-        self.id = cluster.sbatch(SCRIPT, f"--nodes={NODES}", f"--chdir={REPO}", f"--output={tmp_path}/job-%j.out",
+               "GLOO_SOCKET_IFNAME": INTERFACE, **dict.fromkeys(PROXY_VARIABLES, "")}
+        self.id = cluster.sbatch(SCRIPT, f"--nodes={nodes}", f"--chdir={REPO}", f"--output={tmp_path}/job-%j.out",
                                  env=env)
         self.output_path = tmp_path / f"job-{self.id}.out"
         self.plan = self.run_dir / "slurm" / f"job-{self.id}"
@@ -97,6 +100,15 @@ class Job:
         """The job's final state, or None while it is pending, running or completing."""
         state = self.state()
         return state if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY") else None
+
+    def facts(self) -> dict[str, str]:
+        """What the plan told the batch script: which nodes run what."""
+        lines = (self.plan / "plan.env").read_text().splitlines()
+        return {key: shlex.split(value)[0] if value else "" for key, value in (line.split("=", 1) for line in lines)}
+
+    def nodes(self) -> list[str]:
+        facts = self.facts()
+        return [facts["ZB_SERVICE_NODE"], *facts["ZB_TRAINER_NODES"].split(","), *facts["ZB_ROLLOUT_NODES"].split()]
 
     def steps_trained(self) -> int:
         rows = metrics_rows(self.run_dir)
@@ -154,19 +166,22 @@ def assert_no_process_left(cluster: SlurmCluster) -> None:
 
 
 def test_the_job_runs_to_its_end_across_nodes_and_a_killed_rollout_step_starts_again(cluster, tmp_path):
-    job = Job(cluster, tmp_path)
+    # Four nodes: reward and buffer on n1, the trainer's two ranks on n2 and n3 (torchrun on each), a worker on n4.
+    job = Job(cluster, tmp_path, nodes=4, trainer_nodes=2)
     job.wait(lambda: job.steps_trained() >= 2, "two training steps")
     steps = cluster.steps(job.id)
-    assert {"reward", "buffer", "trainer", "rollout-n3"} <= set(steps), steps
-    cluster.run("scancel", "--signal=KILL", steps["rollout-n3"])
-    job.wait(lambda: cluster.steps(job.id).get("rollout-n3") not in (None, steps["rollout-n3"]),
+    assert {"reward", "buffer", "trainer", "rollout-n4"} <= set(steps), steps
+    for node in ("n2", "n3"):
+        assert any("zerobubble serve trainer" in line for line in cluster.job_processes(node)), node
+    cluster.run("scancel", "--signal=KILL", steps["rollout-n4"])
+    job.wait(lambda: cluster.steps(job.id).get("rollout-n4") not in (None, steps["rollout-n4"]),
              "the rollout step to start again", 120)
     assert job.wait_end() == "COMPLETED", job.output()[-6000:]
 
     output = job.output()
-    assert "rollout step on n3 ended with" in output and "trainer step ended with 0" in output
-    plan = (job.plan / "plan.env").read_text()
-    assert "ZB_SERVICE_NODE=n1" in plan and "ZB_TRAINER_NODES=n2" in plan and "ZB_ROLLOUT_NODES=n3" in plan
+    assert "rollout step on n4 ended with" in output and "trainer step ended with 0" in output
+    facts = job.facts()
+    assert (facts["ZB_SERVICE_NODE"], facts["ZB_TRAINER_NODES"], facts["ZB_ROLLOUT_NODES"]) == ("n1", "n2,n3", "n4")
     steps = job.assert_every_group_trained_once()
     assert steps[-1]["step"] > 2, "no step was trained after the rollout step started again"
     assert_no_process_left(cluster)
@@ -175,11 +190,12 @@ def test_the_job_runs_to_its_end_across_nodes_and_a_killed_rollout_step_starts_a
 def test_the_job_requeued_after_its_trainer_node_fails_resumes_from_the_last_checkpoint(cluster, tmp_path):
     job = Job(cluster, tmp_path, checkpoint_steps=2)
     job.wait(lambda: job.steps_trained() >= 3, "three training steps (a checkpoint at step 2)")
+    trainer_node = job.facts()["ZB_TRAINER_NODES"]
     saved = int((job.run_dir / "trainer" / "checkpoints" / "latest").read_text().strip().rsplit("-", 1)[-1])
-    cluster.fail_node("n2")
+    cluster.fail_node(trainer_node)
     job.wait(lambda: int(cluster.job(job.id).get("Restarts", "0")) >= 1, "Slurm to requeue the job", 120,
              may_end=True)
-    cluster.start_node("n2")
+    cluster.start_node(trainer_node)
     assert job.wait_end() == "COMPLETED", job.output()[-6000:]
 
     output = job.output()
@@ -195,7 +211,7 @@ def test_the_job_requeued_after_its_trainer_node_fails_resumes_from_the_last_che
 def test_scancel_mid_run_leaves_no_process_on_any_node(cluster, tmp_path):
     job = Job(cluster, tmp_path)
     job.wait(lambda: job.steps_trained() >= 1, "a first training step")
-    assert {node: bool(cluster.job_processes(node)) for node in cluster.nodes} == dict.fromkeys(cluster.nodes, True)
+    assert all(cluster.job_processes(node) for node in job.nodes()), "a node of the job runs nothing"
     cluster.run("scancel", str(job.id))
     assert job.wait_end() == "CANCELLED"
     assert_no_process_left(cluster)
