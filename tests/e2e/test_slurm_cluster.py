@@ -180,6 +180,7 @@ def test_the_job_runs_to_its_end_across_nodes_and_a_killed_rollout_step_starts_a
 
     output = job.output()
     assert "rollout step on n4 ended with" in output and "trainer step ended with 0" in output
+    assert output.count('{"service": "rollout"') >= 2, "the worker did not serve again after its step was killed"
     facts = job.facts()
     assert (facts["ZB_SERVICE_NODE"], facts["ZB_TRAINER_NODES"], facts["ZB_ROLLOUT_NODES"]) == ("n1", "n2,n3", "n4")
     steps = job.assert_every_group_trained_once()
