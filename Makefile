@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PROTOS := $(wildcard protos/zerobubble/v1/*.proto)
 
-.PHONY: install test test-fast lint docs demo protos clean compose-tool sandbox-tool
+.PHONY: install test test-fast lint docs demo protos clean compose-tool sandbox-tool slurm-tool
 
 # pyproject.toml gives ranges; constraints.txt the exact versions the tests run on.
 $(STAMP): pyproject.toml constraints.txt
@@ -19,7 +19,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 # The compose test's engine and image builds (minutes of downloads on a fresh machine) go on beside pytest.
-test: lint docs compose-tool
+test: lint docs compose-tool slurm-tool
 	tests/compose/alongside.sh $(PY) $(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-colossalai
@@ -46,6 +46,15 @@ compose-tool:
 	@command -v docker-compose >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		docker-compose >/dev/null); } || echo "compose-tool: docker-compose not installed; its test will skip"
+
+# Debian's Slurm (controller, node daemon, client commands) and munge: tests/e2e/test_slurm_cluster.py makes a cluster
+# of them in network namespaces and runs deploy/slurm/zerobubble.sbatch on it.
+slurm-tool:
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		slurmctld slurmd slurm-client munge >/dev/null); } || \
+		echo "slurm-tool: Slurm (slurmctld, slurmd, munge) not installed; the Slurm cluster test will skip"
 
 # bubblewrap builds the code sandbox's namespaces and root; without it the reward service turns the code verifier off.
 sandbox-tool:

@@ -1,0 +1,113 @@
+"""`zerobubble slurm-plan` without a cluster: which node runs what, the configs it writes from deploy/slurm/configs
+(each loaded with its service's schema), the job's token, and the facts the batch script sources.
+tests/e2e/test_slurm_cluster.py runs it inside real Slurm jobs."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zerobubble.common.config import ConfigError, load_config
+from zerobubble.tooling.slurm_plan import (
+    SCHEMAS,
+    Node,
+    assign,
+    gpus_per_node,
+    load_templates,
+    node_addresses,
+    write_plan,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATES = REPO / "deploy" / "slurm" / "configs"
+NODES = [Node(f"gpu{i:02d}", f"10.1.0.{i}") for i in range(1, 6)]
+
+
+def test_the_first_node_serves_reward_and_buffer_then_the_trainer_nodes_then_rollout_workers():
+    plan = assign(NODES, trainer_nodes=2, gpus_per_node=8)
+    assert plan.service_node == NODES[0]
+    assert plan.trainer_nodes == NODES[1:3] and plan.rollout_nodes == NODES[3:]
+    assert plan.trainer_processes_per_node == 8
+    assert plan.address("trainer") == "10.1.0.2:50055" and plan.address("buffer") == "10.1.0.1:50053"
+    assert assign(NODES[:3], trainer_nodes=1, gpus_per_node=0).trainer_processes_per_node == 1
+
+
+def test_too_few_nodes_or_trainer_nodes_are_refused_naming_what_to_change():
+    with pytest.raises(ConfigError, match=r"SLURM_JOB_NODELIST: 3 nodes; the run needs 4"):
+        assign(NODES[:3], trainer_nodes=2, gpus_per_node=0)
+    with pytest.raises(ConfigError, match="--trainer-nodes"):
+        assign(NODES, trainer_nodes=0, gpus_per_node=0)
+
+
+@pytest.mark.parametrize(("environ", "count"), [
+    ({}, 0), ({"SLURM_GPUS_PER_NODE": ""}, 0), ({"SLURM_GPUS_PER_NODE": "4"}, 4),
+    ({"SLURM_GPUS_PER_NODE": "a100:8", "SLURM_GPUS_ON_NODE": "2"}, 8), ({"SLURM_GPUS_ON_NODE": "2"}, 2)])
+def test_gpus_per_node_reads_slurms_count_from_gpus_per_node_or_gres(environ, count):
+    assert gpus_per_node(environ) == count
+
+
+def test_a_gpu_count_slurm_did_not_write_is_refused_naming_the_variable():
+    with pytest.raises(ConfigError, match="SLURM_GPUS_PER_NODE: 'h100 : 2'"):
+        gpus_per_node({"SLURM_GPUS_PER_NODE": "h100 : 2"})
+
+
+def test_node_addresses_come_from_scontrols_one_line_records():
+    shown = ("NodeName=n1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=10.77.3.3 NodeHostName=n1 Version=22.05\n"
+             "NodeName=n2 Arch=x86_64 NodeAddr= NodeHostName=n2\n")
+    assert node_addresses(shown) == {"n1": "10.77.3.3", "n2": "n2"}
+
+
+def test_the_plan_writes_every_services_config_from_the_shipped_templates(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_dir / "slurm" / "job-7"
+    plan = assign(NODES[:4], trainer_nodes=1, gpus_per_node=4)
+    facts = write_plan(plan, load_templates(TEMPLATES), run_dir, out)
+
+    token = out / "token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and stat.S_IMODE(out.stat().st_mode) == 0o700
+    assert len(token.read_text().strip()) >= 32
+    configs = {path.stem: path for path in out.glob("*.yaml")}
+    assert sorted(configs) == ["buffer", "reward", "rollout-gpu03", "rollout-gpu04", "trainer"]
+    loaded = {name: load_config(SCHEMAS[name.split("-")[0]], path) for name, path in configs.items()}
+    for name, config in loaded.items():
+        assert config.server.auth_token_file == token, name
+    assert loaded["reward"].server.listen == "10.1.0.1:50052" and loaded["buffer"].server.listen == "10.1.0.1:50053"
+    assert loaded["buffer"].wal.directory == run_dir / "buffer-wal"
+    trainer = loaded["trainer"]
+    assert trainer.server.listen == "10.1.0.2:50055" and trainer.server.metrics_host == "10.1.0.2"
+    assert trainer.run_dir == run_dir / "trainer" and trainer.resume
+    assert (trainer.weight_sync.store_host, trainer.weight_sync.store_port) == ("10.1.0.2", 29500)
+    assert trainer.buffer.address == "10.1.0.1:50053" and trainer.buffer.auth_token_file == token
+    # What the template said stays: the model, the algorithm, the GPU.
+    assert str(trainer.model) == "/shared/models/policy" and trainer.strategy.device == "cuda"
+    for i, node in ((3, "gpu03"), (4, "gpu04")):
+        rollout = loaded[f"rollout-{node}"]
+        assert rollout.worker_id == f"rollout-{node}" and rollout.server.listen == f"10.1.0.{i}:50054"
+        assert (rollout.buffer.address, rollout.reward_service.address, rollout.trainer.address) == (
+            "10.1.0.1:50053", "10.1.0.1:50052", "10.1.0.2:50055")
+        assert rollout.reward_service.timeout_seconds == 300
+
+    sourced = subprocess.run(["bash", "-c", f'source "{facts}"; echo "$ZB_SERVICE_NODE|$ZB_TRAINER_NODES|'
+                              '$ZB_TRAINER_NPROC|$ZB_TRAINER_HEAD|$ZB_ROLLOUT_NODES|$ZB_PLAN"'],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert sourced == f"gpu01|gpu02|4|10.1.0.2|gpu03 gpu04|{out}"
+
+
+def test_a_template_mistake_fails_the_plan_naming_the_file_and_field(tmp_path):
+    templates = load_templates(TEMPLATES)
+    templates["rollout"]["generation"]["prompts_per_batch"] = "many"
+    with pytest.raises(ConfigError, match=r"(?s)rollout-gpu03 \(from --configs rollout.yaml\).*generation.prompts_"):
+        write_plan(assign(NODES[:3], 1, 0), templates, tmp_path, tmp_path / "plan")
+    assert not list((tmp_path / "plan").glob("*.yaml")), "no config is written when one is wrong"
+
+
+def test_outside_a_job_the_command_says_so():
+    done = subprocess.run([sys.executable, "-m", "zerobubble", "slurm-plan", "--configs", str(TEMPLATES),
+                           "--run-dir", "/tmp/unused"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, timeout=120)
+    assert done.returncode == 2
+    assert "SLURM_JOB_NODELIST, SLURM_JOB_ID: not set" in done.stderr
