@@ -9,8 +9,7 @@ import os
 import signal
 import textwrap
 
-from e2e_up import assert_every_group_accounted_for, kill_session, service_pids, start_up, steps_trained, tail, \
-    wait_for
+from e2e_up import assert_every_group_accounted_for, kill_session, service_pids, start_up, steps_trained, tail, wait_for
 
 PROMPTS = 32
 # A user's environment: the first answer gets feedback, the second ends the episode; the reward varies with the
