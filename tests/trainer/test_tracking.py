@@ -67,7 +67,7 @@ def test_tensorboard_wandb_and_the_rollout_log_hold_the_steps_the_evaluations_an
     run_dir, summary = tmp_path / "trainer", tmp_path / "eval" / "summary.jsonl"
     summary.parent.mkdir()
     tracker = Tracker(config(run_dir, tensorboard=True, wandb={"project": "test", "mode": "offline"},
-                             rollout_log={"interval_steps": 2, "groups": 2}, eval_summary=summary))
+                             rollout_log={"interval_steps": 2, "groups": 2, "tokens": False}, eval_summary=summary))
     train(tracker, range(1, 5), summary)
 
     assert scalars(run_dir, "train/loss") == [(s, round(0.5 / s, 6)) for s in range(1, 5)]
