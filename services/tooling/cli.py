@@ -96,6 +96,7 @@ COMMANDS = {
     "plot": ("plot", "draw a run's training curves (and evaluations) into one PNG"),
     "eval": ("evaluate", "pass@1 and pass@k of a model folder on a data set"),
     "export": ("export", "write a run's final policy as a Hugging Face model folder"),
+    "view": ("viewer.commands", "browse a run in a local web page: curves, rollouts, tokens, evaluations"),
 }
 BENCHES = {
     "transport": ("bench.transport", "buffer push-to-pull throughput vs a Ray actor queue and a socket"),
