@@ -71,14 +71,15 @@ const PANELS = [
 ];
 const COLOURS = ["#0969da", "#cf222e", "#2da44e", "#8250df", "#bf8700", "#1b7c83"];
 
-// Axis labels in at most four significant digits, so they fit the margin.
-const tick = (v) => (Math.abs(v) >= 1e4 ? v.toExponential(1) : String(Number(v.toPrecision(4))));
+// Axis labels in three significant digits, so they fit the margin.
+const tick = (v) => (Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(1)
+  : String(Number(v.toPrecision(3))));
 
 function chart(title, series, xLabel) {
-  const W = 340, H = 190, L = 46, R = 10, T = 24, B = 30;
+  const W = 340, H = 200, L = 54, R = 10, T = 34, B = 30;
   const points = series.flatMap((s) => s.points);
   const svg = h("svg:svg", { class: "chart", width: W, height: H, viewBox: `0 0 ${W} ${H}`, "data-title": title });
-  svg.append(h("svg:text", { x: L, y: 15, class: "title" }, title));
+  svg.append(h("svg:text", { x: 8, y: 14, class: "title" }, title));
   if (!points.length) return svg;
   const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
   let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
@@ -101,7 +102,7 @@ function chart(title, series, xLabel) {
       for (const p of s.points) svg.append(h("svg:circle", { cx: X(p[0]), cy: Y(p[1]), r: 2, fill: colour }));
     }
     if (series.length > 1) {
-      svg.append(h("svg:text", { x: W - R - 60 * (series.length - i), y: 15, fill: colour }, s.label));
+      svg.append(h("svg:text", { x: L + 70 * i, y: 28, fill: colour }, "— " + s.label));
     }
   });
   return svg;
