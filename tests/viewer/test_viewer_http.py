@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from viewer_helpers import get_json, raw_get, viewer, viewer_pid
 
+from zerobubble.tooling.viewer.run import METRICS, RunFolder
+
 SECRET = "not-for-the-viewer-5f1c"
 SOURCES = ("gsm8k", "math")
 
@@ -163,14 +165,36 @@ def test_the_viewer_follows_a_run_that_is_still_writing(run):
     status, metrics = get_json(base, "/api/metrics?since=0")
     assert [r["step"] for r in metrics["rows"]] == list(range(1, 7)) and "groups" not in metrics["rows"][0]
     with open(run_dir / "trainer" / "metrics.jsonl", "a") as out:
-        out.write(json.dumps({"step": 7, "policy_version": 7}) + "\n{\"step\": 8")
+        # A diverged step: Python's json writes NaN and Infinity, which browsers' JSON does not read.
+        out.write(json.dumps({"step": 7, "policy_version": 7, "loss": float("nan"), "kl": float("inf")})
+                  + "\n{\"step\": 8")
     status, more = get_json(base, f"/api/metrics?since={metrics['next']}")
-    assert [r["step"] for r in more["rows"]] == [7]
+    assert [r["step"] for r in more["rows"]] == [7] and more["rows"][0]["loss"] is None is more["rows"][0]["kl"]
+    assert more["more"] is False
 
     status, pair = get_json(base, "/api/eval-pair?dataset=heldout&a=0&b=4")
     assert status == 200 and [q["prompt_id"] for q in pair["questions"]] == ["0", "1", "2"]
     assert [x["text"] for x in pair["questions"][1]["a"]] == ["v0 q1 s0", "v0 q1 s1"]
     assert [x["text"] for x in pair["questions"][1]["b"]] == ["v4 q1 s0", "v4 q1 s1"]
+
+
+def test_a_large_file_is_followed_in_pieces_each_row_once(tmp_path):
+    run_dir = tmp_path / "run"
+    write_run(run_dir, steps=300, groups=1)
+    path = run_dir / "trainer" / "metrics.jsonl"
+    folder, rows, since, answers = RunFolder(run_dir), [], 0, 0
+    while True:
+        answer = folder.follow(METRICS, since, limit=1000)
+        rows += answer["rows"]
+        since, answers = answer["next"], answers + 1
+        if not answer["more"]:
+            break
+    assert [r["step"] for r in rows] == list(range(1, 301)) and since == path.stat().st_size
+    assert answers >= path.stat().st_size // 1000
+    # A file that started over (a run begun again in the folder) is read again from its start.
+    path.write_text(json.dumps({"step": 1}) + "\n")
+    again = folder.follow(METRICS, since)
+    assert again["reset"] and [r["step"] for r in again["rows"]] == [1]
 
 
 def _rss_kib(pid: int) -> int:

@@ -16,10 +16,14 @@ METRICS = Path("trainer") / "metrics.jsonl"
 ROLLOUTS = Path("trainer") / "rollouts.jsonl"
 EVAL_DIR = Path("eval")
 EVAL_SUMMARY = EVAL_DIR / "summary.jsonl"
+# What one answer carries of a JSONL file being followed; the page asks again while there is more.
+FOLLOW_BYTES = 4 << 20
+# An evaluation's answers at one version are read whole, up to this.
+EVAL_FILE_BYTES = 64 << 20
 _EVAL_FILE = re.compile(r"^version-(\d{6,})\.jsonl$")
 # Lines parsed for one page at most, matching or not: a filter that matches little answers with a cursor to go on
 # from, not a scan of the whole log.
-SCAN_LINES = 20_000
+SCAN_LINES = 5_000
 # What a page keeps of each response (the tokens are fetched with the group).
 SUMMARY_KEYS = ("reward", "advantage", "answer_ok", "format_ok", "policy_version", "finish_reason", "length")
 
@@ -45,17 +49,21 @@ class RunFolder:
             raise NotInRun(f"{relative} leads outside the run folder")
         return path
 
-    def follow(self, relative: Path, since: int) -> dict[str, Any]:
-        """The complete JSONL rows of a file from byte `since` on, and where the next read starts."""
+    def follow(self, relative: Path, since: int, limit: int = FOLLOW_BYTES) -> dict[str, Any]:
+        """The complete JSONL rows of a file from byte `since` on, up to about `limit` bytes of them; where the next
+        read starts, whether there is more to read now, and whether the file started over (read it all again)."""
+        reset = False
         try:
             with open(self.file(relative), "rb") as f:
-                f.seek(0, 2)
-                if f.tell() < since:  # the file started over: read it from the start
-                    since = 0
+                size = f.seek(0, 2)
+                if size < since:  # the file started over: read it from the start
+                    since, reset = 0, True
                 f.seek(since)
-                data = f.read()
+                data = f.read(limit)
+                while data and b"\n" not in data and f.tell() < size:  # one line longer than the limit
+                    data += f.read(limit)
         except FileNotFoundError:
-            return {"rows": [], "next": 0, "reset": since > 0}
+            return {"rows": [], "next": 0, "more": False, "reset": since > 0}
         complete = data[: data.rfind(b"\n") + 1]
         rows = []
         for line in complete.splitlines():
@@ -65,7 +73,9 @@ class RunFolder:
                 continue
             if isinstance(row, dict):
                 rows.append(row)
-        return {"rows": rows, "next": since + len(complete)}
+        following = since + len(complete)
+        return {"rows": rows, "next": following, "more": size - following > len(data) - len(complete),
+                "reset": reset}
 
     def metrics(self, since: int) -> dict[str, Any]:
         answer = self.follow(METRICS, since)
@@ -103,7 +113,7 @@ class RunFolder:
             if version not in versions[query.dataset]:
                 raise NotInRun(f"the run has no answers of {query.dataset} at policy version {version}", side)
             relative = EVAL_DIR / query.dataset / f"version-{version:06d}.jsonl"
-            sides[side] = self.follow(relative, 0)["rows"]
+            sides[side] = self.follow(relative, 0, limit=EVAL_FILE_BYTES)["rows"]
         questions: dict[str, dict[str, Any]] = {}
         for side, rows in sides.items():
             for row in rows:

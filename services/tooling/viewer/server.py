@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import sys
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -38,6 +39,17 @@ def _error(status: int, message: str, field: str | None = None) -> web.Response:
     return web.json_response({"error": {"field": field, "message": message}}, status=status, headers=HEADERS)
 
 
+def _finite(value: Any) -> Any:
+    """JSON as browsers parse it: the run's files may hold NaN or Infinity (a diverged loss), which JSON lacks."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _asset(name: str) -> bytes:
     return resources.files("zerobubble.tooling.viewer").joinpath("static", name).read_bytes()
 
@@ -54,7 +66,7 @@ def build_app(run: RunFolder) -> web.Application:
                 return _error(404, exc.message, exc.field)
             except ValueError as exc:  # a line of the run's files that is not a JSON object
                 return _error(422, str(exc))
-            return web.Response(text=json.dumps(body, allow_nan=False, default=str), content_type="application/json",
+            return web.Response(text=json.dumps(_finite(body), allow_nan=False), content_type="application/json",
                                 headers=HEADERS)
         return handle
 

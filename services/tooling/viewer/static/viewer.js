@@ -38,20 +38,27 @@ const fmt = (v, digits = 3) => (typeof v === "number" ? (Number.isInteger(v) ? S
 
 // ---- live data: the run's metrics and evaluations, followed by byte offset
 
+// New rows of a followed file, asked for until the server has no more to give now.
+async function followFile(path, rowsKey, atKey) {
+  let answer, grew = 0;
+  do {
+    answer = await getJSON(path, { since: state[atKey] });
+    if (answer.reset) state[rowsKey] = [];
+    for (const row of answer.rows) state[rowsKey].push(row);
+    state[atKey] = answer.next;
+    grew += answer.rows.length;
+  } while (answer.more);
+  return { answer, grew };
+}
+
 async function follow() {
-  const metrics = await getJSON("/api/metrics", { since: state.metricsAt });
-  if (metrics.reset) { state.metrics = []; }
-  state.metrics.push(...metrics.rows);
-  state.metricsAt = metrics.next;
-  const evals = await getJSON("/api/evals", { since: state.evalsAt });
-  if (evals.reset) { state.evals = []; }
-  state.evals.push(...evals.rows);
-  state.evalsAt = evals.next;
-  state.answers = evals.answers;
+  const metrics = await followFile("/api/metrics", "metrics", "metricsAt");
+  const evals = await followFile("/api/evals", "evals", "evalsAt");
+  state.answers = evals.answer.answers;
   const last = state.metrics[state.metrics.length - 1];
   document.getElementById("live").textContent =
     last ? `step ${last.step} · policy version ${last.policy_version} · ${state.evals.length} evaluations` : "no steps yet";
-  return metrics.rows.length + evals.rows.length > 0;
+  return metrics.grew + evals.grew > 0;
 }
 
 // ---- curves
