@@ -53,6 +53,19 @@ def _check_all(arrays: list[np.ndarray], name: str, problem) -> None:
         raise InvalidInput(found, field=f"trajectories[{index}].{name}")
 
 
+def _check_loss_mask(array: common_pb2.Array, tokens: int, where: str) -> None:
+    """A multi-turn response's mask: one 0/1 per token, and at least one token the model sampled (a response
+    with none would train on nothing, and divide by its zero model tokens)."""
+    field = f"{where}.loss_mask"
+    mask = decode_array(array, field, dtype="uint8", ndim=1)
+    if len(mask) != tokens:
+        raise InvalidInput(f"{len(mask)} mask values for {tokens} tokens", field=field)
+    if mask.max() > 1:
+        raise InvalidInput(f"values must be 0 or 1, got {int(mask.max())}", field=field)
+    if not mask.any():
+        raise InvalidInput("no token is the model's (every value is 0)", field=field)
+
+
 def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServiceConfig, *,
                 policy_version: int) -> None:
     """Refuse a malformed group of `size` serialized bytes: InvalidInput, or TooLarge over a configured limit.
@@ -102,6 +115,8 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
             raise InvalidInput(f"expected 0 to {newest} (the buffer's policy version {policy_version} plus "
                                f"validation.max_version_ahead), got {trajectory.policy_version}",
                                field=f"{where}.policy_version")
+        if trajectory.HasField("loss_mask"):
+            _check_loss_mask(trajectory.loss_mask, len(tokens), where)
         responses.append(tokens)
         logprobs.append(behaviour)
     _check_all(responses, "response_ids", lambda ids: _ids_problem(ids, spec.model.vocab_size))

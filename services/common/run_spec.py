@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from zerobubble.common.config import ConfigError, Schema
+from zerobubble.common.episodes import EpisodeSpec
 from zerobubble.common.presets import PRESETS, PresetName
 from zerobubble.common.routing import VerifierRouting
 
@@ -67,6 +68,8 @@ class RunSpec(VerifierRouting):
         None, description="dynamic sampling: keep groups whose mean answer accuracy is in [low, high]; default: "
         "the algorithm preset's (DAPO: [0.01, 0.99])")
     sampling: SamplingSchedule = SamplingSchedule()
+    episodes: EpisodeSpec = Field(EpisodeSpec(), description="multi-turn episodes: which rows are played out in "
+                                  "an environment over several turns, and their limits (none by default)")
 
     @model_validator(mode="before")
     @classmethod

@@ -12,10 +12,10 @@ from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.server import ServiceHost
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine_factory import make_engine
+from zerobubble.rollout.episodes.play import make_player
 from zerobubble.rollout.evaluation import Evaluator
 from zerobubble.rollout.generate import GenerateCalls
 from zerobubble.rollout.metrics import RolloutMetrics
-from zerobubble.rollout.prompting import RoutedPrompts
 from zerobubble.rollout.servicer import RolloutServicer
 from zerobubble.rollout.worker import RolloutWorker
 from zerobubble.v1 import rollout_pb2_grpc
@@ -58,14 +58,14 @@ class RolloutHost(ServiceHost):
             self.receiver = WeightReceiver(TrainerClient(config.trainer), config.worker_id, device=device,
                                            registry=self.registry, max_backoff_s=config.backoff_max_seconds)
         # The worker and its evaluator build prompts alike: the run spec's verifier routing and system prompts.
-        prompts = RoutedPrompts(self.engine.tokenizer, self.spec, config.reward.system_prompt,
-                                self.spec.max_prompt_tokens)
+        player = make_player(self.engine.tokenizer, self.spec, system_prompt=config.reward.system_prompt,
+                             environment=config.environment)
         evaluator = None
         if config.eval.datasets:
-            evaluator = Evaluator(config.eval, prompts=prompts, reward=self.reward, metrics=metrics,
+            evaluator = Evaluator(config.eval, player=player, reward=self.reward, metrics=metrics,
                                   max_new_tokens=self.spec.max_new_tokens, stop=tuple(config.generation.stop),
                                   seed=config.generation.seed)
-        self.worker = RolloutWorker(config, self.spec, self.engine, self.buffer, self.reward, prompts=prompts,
+        self.worker = RolloutWorker(config, self.spec, self.engine, self.buffer, self.reward, player=player,
                                     metrics=metrics, receiver=self.receiver, evaluator=evaluator)
         self.generate_calls = GenerateCalls(self.worker, config.generate_limits(self.spec))
         self.add(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,

@@ -92,6 +92,9 @@ class RolloutServiceConfig(Schema):
         ClientConfig(address="127.0.0.1:50055"),
         description="where new weights come from (JoinWeightSync); null: keep the starting weights",
     )
+    environment: ClientConfig | None = Field(
+        None, description="the environment service that hosts the environments of run_spec.episodes (null: the run "
+        "has no episodes; a run with episodes refuses to start without it)")
     torch_threads: int | None = Field(None, gt=0, description="CPU threads of torch in this process (null: "
                                       "torch's default, all cores); on a shared small machine 1 avoids contention")
     backoff_max_seconds: float = Field(5.0, gt=0, description="longest pause between retries of a lost peer")

@@ -13,9 +13,8 @@ from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.data import load_data
 from zerobubble.rollout.config import EvalConfig
 from zerobubble.rollout.engine import Engine, SamplingSettings
-from zerobubble.rollout.experience import score_requests
+from zerobubble.rollout.episodes.play import Player
 from zerobubble.rollout.metrics import RolloutMetrics
-from zerobubble.rollout.prompting import RoutedPrompts
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +27,10 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
 
 
 class Evaluator:
-    def __init__(self, config: EvalConfig, *, prompts: RoutedPrompts, reward: RewardClient,
+    def __init__(self, config: EvalConfig, *, player: Player, reward: RewardClient,
                  metrics: RolloutMetrics, max_new_tokens: int, stop: tuple[str, ...] = (), seed: int = 0):
         self.config = config
-        self.prompts = prompts
+        self.player = player
         self.reward = reward
         self.metrics = metrics
         self.sampling = SamplingSettings(n=config.samples_per_prompt, temperature=config.temperature,
@@ -61,10 +60,9 @@ class Evaluator:
         started = time.monotonic()
         rows = self.datasets[name][: self.config.max_prompts]
         prompts = [row.to_message(epoch=0) for row in rows]
-        samples = engine.generate([self.prompts.build(p) for p in prompts], self.sampling)
-        requests = [r for p, s in zip(prompts, samples, strict=True)
-                    for r in score_requests(self.prompts.verifier(p), p, s)]
-        scores = iter(self.reward.score_batch(requests))
+        _, samples = self.player.play(engine, prompts, self.sampling)
+        scores = iter(score for per_prompt in self.player.score(self.reward.score_batch, prompts, samples)
+                      for score in per_prompt)
         n, k = self.sampling.n, self.sampling.n
         directory = self.config.output_dir / name
         directory.mkdir(parents=True, exist_ok=True)
@@ -76,10 +74,13 @@ class Evaluator:
                 for i, sample in enumerate(per_prompt):
                     score = next(scores)
                     correct += score.answer_ok
-                    out.write(json.dumps({"prompt_id": prompt.prompt_id, "sample": i, "text": sample.text,
-                                          "reward": score.reward, "answer_ok": score.answer_ok,
-                                          "finish_reason": sample.finish_reason, "data_source": row.data_source})
-                              + "\n")
+                    line = {"prompt_id": prompt.prompt_id, "sample": i, "text": sample.text,
+                            "reward": score.reward, "answer_ok": score.answer_ok,
+                            "finish_reason": sample.finish_reason, "data_source": row.data_source}
+                    if (record := sample.episode) is not None:
+                        line["episode"] = {"transcript": record.transcript, "turns": record.turns,
+                                           "tool_calls": record.tool_calls, "ended": record.ended_reason}
+                    out.write(json.dumps(line) + "\n")
                 pass1 += pass_at_k(n, correct, 1)
                 passk += pass_at_k(n, correct, k)
                 if row.data_source is not None:

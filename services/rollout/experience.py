@@ -51,11 +51,19 @@ def experience_group(
         producer_id=producer_id, producer_incarnation=producer_incarnation, sequence=sequence, lease_id=lease_id,
     )
     for sample, score in zip(samples, scores, strict=True):
-        group.trajectories.append(common_pb2.Trajectory(
+        trajectory = common_pb2.Trajectory(
             response_ids=encode_array(sample.token_ids.astype(np.int32, copy=False)),
             behaviour_logprobs=encode_array(sample.logprobs.astype(np.float32, copy=False)),
             finish_reason=FINISH_REASONS[sample.finish_reason],
             reward=score.reward, format_ok=score.format_ok, answer_ok=score.answer_ok,
             policy_version=policy_version, temperature=temperature, response_text=sample.text,
-        ))
+        )
+        if sample.loss_mask is not None:
+            trajectory.loss_mask.CopyFrom(encode_array(sample.loss_mask.astype(np.uint8, copy=False)))
+        if (record := sample.episode) is not None:
+            trajectory.response_text = record.transcript
+            trajectory.episode.CopyFrom(common_pb2.EpisodeInfo(
+                environment=record.environment, turns=record.turns, tool_calls=record.tool_calls,
+                step_rewards=record.step_rewards, ended_reason=record.ended_reason))
+        group.trajectories.append(trajectory)
     return group

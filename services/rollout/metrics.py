@@ -26,10 +26,23 @@ class RolloutMetrics:
                                          ["reason"], registry=registry)
         self.policy_version = Gauge(f"{PREFIX}_policy_version", "weights version the engine generates with",
                                     registry=registry)
+        self.episodes = Counter(f"{PREFIX}_episodes", "multi-turn episodes played, by how they ended (done, "
+                                "max_turns, max_tokens, or an environment failure)", ["environment", "ended"],
+                                registry=registry)
+        self.episode_turns = Counter(f"{PREFIX}_episode_turns", "assistant turns of episodes", registry=registry)
+        self.episode_tool_calls = Counter(f"{PREFIX}_episode_tool_calls", "tool calls of episodes",
+                                          registry=registry)
         self.eval_pass_at_1 = Gauge(f"{PREFIX}_eval_pass_at_1", "last evaluation's pass@1", ["dataset"],
                                     registry=registry)
         self.eval_pass_at_k = Gauge(f"{PREFIX}_eval_pass_at_k", "last evaluation's pass@k", ["dataset"],
                                     registry=registry)
+
+    def observe_episodes(self, samples) -> None:
+        for sample in samples:
+            if (record := sample.episode) is not None:
+                self.episodes.labels(environment=record.environment, ended=record.ended_reason).inc()
+                self.episode_turns.inc(record.turns)
+                self.episode_tool_calls.inc(record.tool_calls)
 
     def observe_batch(self, *, tokens: int, prompts: int, seconds: float) -> None:
         self.tokens.inc(tokens)

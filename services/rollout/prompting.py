@@ -64,13 +64,17 @@ class PromptBuilder:
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         return messages
 
-    def render(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def render(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def build(self, messages_json: str) -> list[int]:
-        messages = self.messages(messages_json)
-        ids = self.render(messages)
+        return self.fit(self.messages(messages_json))
+
+    def fit(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
+        """The templated ids of `messages` (and the tools the template lists), within max_prompt_tokens."""
+        ids = self.render(messages, tools)
         if len(ids) <= self.max_prompt_tokens:
             return ids
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
@@ -80,7 +84,7 @@ class PromptBuilder:
             # Re-encoding a cut text can merge tokens differently at the seam: shrink until it fits.
             while keep > 0:
                 cut = dict(messages[last_user], content=self.tokenizer.decode(content_ids[-keep:]))
-                ids = self.render([*messages[:last_user], cut, *messages[last_user + 1:]])
+                ids = self.render([*messages[:last_user], cut, *messages[last_user + 1:]], tools)
                 if len(ids) <= self.max_prompt_tokens:
                     return ids
                 keep -= max(1, len(ids) - self.max_prompt_tokens)
@@ -104,4 +108,7 @@ class RoutedPrompts:
         return self.routing.verifier_for(prompt.data_source if prompt.HasField("data_source") else None)
 
     def build(self, prompt: common_pb2.Prompt) -> list[int]:
-        return self._builders[self.verifier(prompt)].build(prompt.messages_json)
+        return self.builder(prompt).build(prompt.messages_json)
+
+    def builder(self, prompt: common_pb2.Prompt) -> PromptBuilder:
+        return self._builders[self.verifier(prompt)]

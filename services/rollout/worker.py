@@ -23,9 +23,9 @@ from zerobubble.common.run_spec import RunSpec
 from zerobubble.common.version import oldest_fresh_version
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
-from zerobubble.rollout.experience import experience_group, score_requests
+from zerobubble.rollout.episodes.play import Player
+from zerobubble.rollout.experience import experience_group
 from zerobubble.rollout.metrics import RolloutMetrics
-from zerobubble.rollout.prompting import RoutedPrompts
 from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class GeneratedBatch:
 
 class RolloutWorker:
     def __init__(self, config: RolloutServiceConfig, spec: RunSpec, engine: Engine, buffer: BufferClient,
-                 reward: RewardClient, *, prompts: RoutedPrompts, metrics: RolloutMetrics, receiver=None,
+                 reward: RewardClient, *, player: Player, metrics: RolloutMetrics, receiver=None,
                  evaluator=None):
         self.config = config
         self.spec = spec
@@ -52,8 +52,8 @@ class RolloutWorker:
         self.metrics = metrics
         self.receiver = receiver
         self.evaluator = evaluator
-        self.routed = prompts
-        self.prompts = prompts.default
+        self.player = player
+        self.prompts = player.prompts.default
         # One engine, shared with the Generate RPC: whoever holds this lock is generating or loading weights.
         self.engine_lock = threading.Lock()
         self.stopping = threading.Event()
@@ -165,10 +165,9 @@ class RolloutWorker:
             max_new_tokens=spec.max_new_tokens, stop=tuple(gen.stop), seed=gen.seed + self._batches,
         )
         self._batches += 1
-        prompt_ids = [self.routed.build(p) for p in lease.prompts]
         started = time.monotonic()
         with self.engine_lock:
-            samples = self.engine.generate(prompt_ids, sampling)
+            prompt_ids, samples = self.player.play(self.engine, list(lease.prompts), sampling)
             version = self.engine.policy_version
         seconds = time.monotonic() - started
         tokens = sum(len(s.token_ids) for group in samples for s in group)
@@ -190,19 +189,17 @@ class RolloutWorker:
                 self.stopping.set()
 
     def _finish(self, batch: GeneratedBatch) -> None:
-        partial, decode = self.config.reward.partial_credit, self.engine.tokenizer.decode
-        requests = [score_requests(self.routed.verifier(prompt), prompt, samples, partial_credit=partial,
-                                   prompt_text=decode(ids))
-                    for prompt, ids, samples in zip(batch.lease.prompts, batch.prompt_ids, batch.samples,
-                                                    strict=True)]
-        flat = [r for per_prompt in requests for r in per_prompt]
+        decode = self.engine.tokenizer.decode
         started = time.monotonic()
-        results = self._persist(lambda: self.reward.score_batch(flat), "score", self.reward)
+        results = self.player.score(
+            lambda requests: self._persist(lambda: self.reward.score_batch(requests), "score", self.reward),
+            batch.lease.prompts, batch.samples, partial_credit=self.config.reward.partial_credit,
+            prompt_texts=[decode(ids) for ids in batch.prompt_ids])
         self.metrics.reward_wait.inc(time.monotonic() - started)
-        groups, offset = [], 0
-        for prompt, ids, samples in zip(batch.lease.prompts, batch.prompt_ids, batch.samples, strict=True):
-            scores = results[offset:offset + len(samples)]
-            offset += len(samples)
+        groups = []
+        for prompt, ids, samples, scores in zip(batch.lease.prompts, batch.prompt_ids, batch.samples, results,
+                                                strict=True):
+            self.metrics.observe_episodes(samples)
             self._sequence += 1
             groups.append(experience_group(
                 prompt, ids, samples, scores, policy_version=batch.policy_version,

@@ -25,7 +25,8 @@ class ExperienceBatch:
     attention_mask: torch.Tensor      # [N, P+T] long
     position_ids: torch.Tensor        # [N, P+T] long: positions restart after the left padding
     response_ids: torch.Tensor        # [N, T] long
-    response_mask: torch.Tensor       # [N, T] float: 1 on real response tokens
+    response_mask: torch.Tensor       # [N, T] float: 1 on response tokens the model sampled (not on padding, nor
+                                      # on an episode's observation tokens): the positions the loss counts
     behaviour_logprobs: torch.Tensor  # [N, T] float32: under the distribution each token was drawn from
     rewards: torch.Tensor             # [N] float32
     answer_ok: torch.Tensor           # [N] bool
@@ -69,6 +70,7 @@ def unusable(group: common_pb2.ExperienceGroup, vocab_size: int) -> str:
                 return f"{where}.behaviour_logprobs: not finite"
             if not math.isfinite(trajectory.reward):
                 return f"{where}.reward: not finite ({trajectory.reward})"
+            loss_mask(trajectory, where)
             if not (math.isfinite(trajectory.temperature) and trajectory.temperature > 0):
                 return f"{where}.temperature: must be finite and above 0, got {trajectory.temperature}"
     except InvalidInput as exc:
@@ -79,13 +81,25 @@ def unusable(group: common_pb2.ExperienceGroup, vocab_size: int) -> str:
     return ""
 
 
+def loss_mask(trajectory: common_pb2.Trajectory, where: str) -> torch.Tensor | None:
+    """Which response tokens the model sampled (None: all of them); the observation tokens of an episode are
+    context the model reads, never targets it learns."""
+    if not trajectory.HasField("loss_mask"):
+        return None
+    mask = decode_array(trajectory.loss_mask, f"{where}.loss_mask", dtype="uint8", ndim=1)
+    if len(mask) != len(trajectory.response_ids.data) // 4 or mask.max(initial=0) > 1 or not mask.any():
+        raise InvalidInput("must hold one 0 or 1 per response token, at least one of them 1",
+                           field=f"{where}.loss_mask")
+    return torch.from_numpy(mask.astype(np.float32))
+
+
 def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> ExperienceBatch:
     if not groups:
         raise ValueError("no groups to collate")
     sizes = {len(g.trajectories) for g in groups}
     if len(sizes) != 1:
         raise ValueError(f"groups of one step must have the same number of trajectories, got {sorted(sizes)}")
-    prompts, responses, behaviour = [], [], []
+    prompts, responses, behaviour, masks = [], [], [], []
     for g_index, group in enumerate(groups):
         prompt = torch.tensor(decode_array(group.prompt_ids, f"groups[{g_index}].prompt_ids", ndim=1))
         for t_index, trajectory in enumerate(group.trajectories):
@@ -94,6 +108,7 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
             responses.append(torch.tensor(decode_array(trajectory.response_ids, f"{where}.response_ids", ndim=1)))
             behaviour.append(torch.from_numpy(
                 decode_array(trajectory.behaviour_logprobs, f"{where}.behaviour_logprobs", ndim=1)))
+            masks.append(loss_mask(trajectory, where))
     n = len(responses)
     p_len = max(len(p) for p in prompts)
     t_len = max(len(r) for r in responses)
@@ -101,11 +116,11 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
     attention_mask = torch.zeros((n, p_len + t_len), dtype=torch.long)
     response_mask = torch.zeros((n, t_len))
     behaviour_logprobs = torch.zeros((n, t_len))
-    for i, (prompt, response, logprobs) in enumerate(zip(prompts, responses, behaviour, strict=True)):
+    for i, (prompt, response, logprobs, mask) in enumerate(zip(prompts, responses, behaviour, masks, strict=True)):
         input_ids[i, p_len - len(prompt):p_len] = prompt
         input_ids[i, p_len:p_len + len(response)] = response
         attention_mask[i, p_len - len(prompt):p_len + len(response)] = 1
-        response_mask[i, :len(response)] = 1
+        response_mask[i, :len(response)] = 1 if mask is None else mask
         behaviour_logprobs[i, :len(logprobs)] = logprobs
     trajectories = [t for g in groups for t in g.trajectories]
     return ExperienceBatch(

@@ -62,7 +62,7 @@ def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str,
         "staleness_mean": float(behind.mean()),
         "staleness_max": float(behind.max()),
         "samples": float(batch.size),
-        "tokens": float(batch.response_mask.sum() + batch.attention_mask[:, : batch.prompt_length].sum()),
+        "tokens": float(batch.attention_mask.sum()),
     }
 
 

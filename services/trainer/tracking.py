@@ -51,24 +51,44 @@ def eval_scalars(summary: dict[str, Any]) -> dict[str, float]:
     return tags
 
 
-# Per-token arrays of a trajectory that experience may carry beyond ids and log-probs (multi-turn episodes): the
-# rollout log's key for each, and the Trajectory field it comes from when this build's contract has it.
-OPTIONAL_TOKEN_ARRAYS = {"loss_mask": "loss_mask", "token_versions": "token_versions"}
+def episode_fields(trajectory: common_pb2.Trajectory) -> dict[str, Any]:
+    """How a multi-turn response's episode went ({} for a single-turn one); its text is the whole transcript."""
+    if not trajectory.HasField("episode"):
+        return {}
+    episode = trajectory.episode
+    return {"episode": {"environment": episode.environment, "turns": episode.turns, "tool_calls": episode.tool_calls,
+                        "step_rewards": [round(r, 6) for r in episode.step_rewards],
+                        "ended_reason": episode.ended_reason}}
+
+
+def token_versions(trajectory: common_pb2.Trajectory, count: int) -> list[int] | None:
+    """The policy version of each of the first `count` tokens, from the trajectory's version spans where the
+    contract has them and the response has any (None: every token is policy_version's)."""
+    if "version_spans" not in trajectory.DESCRIPTOR.fields_by_name or not trajectory.version_spans:
+        return None
+    spans = list(trajectory.version_spans)
+    ends = [span.start for span in spans[1:]] + [count]
+    versions: list[int] = []
+    for span, end in zip(spans, ends, strict=True):
+        versions += [span.version] * max(0, min(end, count) - len(versions))
+    return versions + [spans[-1].version] * (count - len(versions))
 
 
 def _token_fields(trajectory: common_pb2.Trajectory, limit: int,
                   token_text: Callable[[list[int]], list[str]] | None) -> dict[str, Any]:
     """A response's tokens for the viewer: ids, their text, behaviour log-probs and, when the trajectory has them,
-    its loss mask and per-token policy versions; the first `limit` of each."""
+    its loss mask (observation tokens of an episode) and per-token policy versions; the first `limit` of each."""
     ids = decode_array(trajectory.response_ids, "response_ids").tolist()
     logprobs = decode_array(trajectory.behaviour_logprobs, "behaviour_logprobs").tolist()
-    fields: dict[str, Any] = {"token_ids": ids[:limit], "logprobs": [round(v, 4) for v in logprobs[:limit]]}
-    present = trajectory.DESCRIPTOR.fields_by_name
-    for key, name in OPTIONAL_TOKEN_ARRAYS.items():
-        if name in present and trajectory.HasField(name):
-            fields[key] = decode_array(getattr(trajectory, name), name).tolist()[:limit]
+    kept = ids[:limit]
+    fields: dict[str, Any] = {"token_ids": kept, "logprobs": [round(v, 4) for v in logprobs[:limit]]}
+    if trajectory.HasField("loss_mask"):
+        fields["loss_mask"] = decode_array(trajectory.loss_mask, "loss_mask").tolist()[:limit]
+    versions = token_versions(trajectory, len(kept))
+    if versions is not None:
+        fields["token_versions"] = versions
     if token_text is not None:
-        fields["tokens"] = token_text(ids[:limit])
+        fields["tokens"] = token_text(kept)
     if len(ids) > limit:
         fields["tokens_cut"] = True
     return fields
@@ -77,8 +97,9 @@ def _token_fields(trajectory: common_pb2.Trajectory, limit: int,
 def rollout_sample(groups: list[common_pb2.ExperienceGroup], step: int, policy_version: int, config: RolloutLogConfig,
                    advantages: list[float] | None = None,
                    token_text: Callable[[list[int]], list[str]] | None = None) -> list[dict[str, Any]]:
-    """`config.groups` groups of the step, drawn with the step as the seed, each with every response, its score and
-    (given the step's advantages, in the order of its groups' responses) its advantage."""
+    """`config.groups` groups of the step, drawn with the step as the seed, each with every response, its score,
+    how its episode went (multi-turn) and (given the step's advantages, in the order of its groups' responses) its
+    advantage."""
     size = len(groups[0].trajectories) if groups else 0
     chosen = random.Random(step).sample(range(len(groups)), min(config.groups, len(groups)))
     rows = []
@@ -92,7 +113,7 @@ def rollout_sample(groups: list[common_pb2.ExperienceGroup], step: int, policy_v
             response = {"text": t.response_text, "reward": t.reward, "answer_ok": t.answer_ok,
                         "format_ok": t.format_ok, "policy_version": t.policy_version,
                         "finish_reason": common_pb2.FinishReason.Name(t.finish_reason),
-                        "length": t.response_ids.shape[0] if t.response_ids.shape else 0}
+                        "length": t.response_ids.shape[0] if t.response_ids.shape else 0, **episode_fields(t)}
             if advantages is not None:
                 response["advantage"] = round(advantages[index * size + j], 6)
             if config.tokens:

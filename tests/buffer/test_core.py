@@ -12,7 +12,7 @@ from buffer_helpers import make_config, make_group, prompt_key, prompts_of
 from zerobubble.buffer.core import Buffer, Kind
 from zerobubble.buffer.prompts import PromptFileError
 from zerobubble.buffer.wal import HEADER, REUSED, SPARE, encode
-from zerobubble.common.codec import encode_array
+from zerobubble.common.codec import decode_array, encode_array
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.common.errors import InvalidInput
 from zerobubble.v1 import common_pb2
@@ -395,3 +395,20 @@ def test_leases_report_the_epochs_progress(open_buffer):
     push_all(buffer, second.prompts, first_sequence=3)
     third = buffer.lease_prompts("w", 1)
     assert third.prompts[0].epoch == 1 and third.epoch_finished == 0
+
+
+def test_an_episode_group_keeps_its_loss_masks_and_turns_through_a_restart(open_buffer):
+    buffer = open_buffer(prompts=2)
+    prompt = buffer.lease_prompts("w", 1).prompts[0]
+    group = make_group(prompt, "w", 0)
+    masks = [[1, 1, 0, 0, 0, 1, 1, 1], [1, 0, 0, 0, 0, 0, 0, 1], [1] * 8, [1, 1, 1, 1, 0, 0, 1, 1]]
+    for trajectory, mask in zip(group.trajectories, masks, strict=True):
+        trajectory.loss_mask.CopyFrom(encode_array(np.asarray(mask, dtype=np.uint8)))
+        trajectory.episode.CopyFrom(common_pb2.EpisodeInfo(environment="calculator", turns=2, tool_calls=1,
+                                                           step_rewards=[0.0, 1.0], ended_reason="done"))
+    assert buffer.push(group).stored
+    buffer.close()
+
+    (replayed, _), = pulled_groups(open_buffer(prompts=2), 1)
+    assert [decode_array(t.loss_mask, "m").tolist() for t in replayed.trajectories] == masks
+    assert replayed.trajectories[1].episode == group.trajectories[1].episode

@@ -193,6 +193,12 @@ POISON = {
     "trajectories[0].response_ids": (
         INVALID, lambda g: set_array(g.trajectories[0].response_ids, [1] * 7 + [300], np.int32)),
     "prompt_ids": (INVALID, lambda g: set_array(g.prompt_ids, [1, 2, 9999], np.int32)),
+    # A multi-turn response's mask: one 0/1 per token, at least one token the model's.
+    "trajectories[0].loss_mask": (INVALID, lambda g: set_array(g.trajectories[0].loss_mask, [1] * 7, np.uint8)),
+    "trajectories[1].loss_mask": (INVALID, lambda g: set_array(g.trajectories[1].loss_mask, [1, 2] * 4, np.uint8)),
+    "trajectories[2].loss_mask": (INVALID, lambda g: set_array(g.trajectories[2].loss_mask, [0] * 8, np.uint8)),
+    "trajectories[3].loss_mask.dtype": (
+        INVALID, lambda g: set_array(g.trajectories[3].loss_mask, [1] * 8, np.float32)),
     "trajectories[1].finish_reason": (INVALID, lambda g: setattr(g.trajectories[1], "finish_reason", 7)),
     "trajectories[2].finish_reason": (INVALID, lambda g: setattr(g.trajectories[2], "finish_reason", 0)),
     "trajectories[3].policy_version": (INVALID, lambda g: setattr(g.trajectories[3], "policy_version", 10**12)),

@@ -15,7 +15,7 @@ from zerobubble.rollout.metrics import RolloutMetrics
 def evaluator(tmp_path, **settings) -> Evaluator:
     _, _, held_out = tiny_assets(tmp_path, train_size=4, eval_size=2)
     config = EvalConfig(datasets={"heldout": held_out}, output_dir=tmp_path / "eval", **settings)
-    return Evaluator(config, prompts=None, reward=None, metrics=RolloutMetrics(CollectorRegistry()),
+    return Evaluator(config, player=None, reward=None, metrics=RolloutMetrics(CollectorRegistry()),
                      max_new_tokens=4)
 
 

@@ -12,7 +12,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from zerobubble.common.config import ConfigError, load_config
-from zerobubble.trainer.config import TrainerServiceConfig
+from zerobubble.trainer.config import RolloutLogConfig, TrainerServiceConfig
 from zerobubble.trainer.tracking import ROLLOUT_LOG, TENSORBOARD_DIR, WANDB_ID_FILE, Tracker, log_new_evaluations
 from zerobubble.v1 import common_pb2
 
@@ -144,3 +144,19 @@ def test_bad_tracking_settings_are_refused_naming_the_field(tmp_path):
         load_config(TrainerServiceConfig, None, {"model": "m", "tracking.wandb.mode": "cloud"})
     with pytest.raises(ConfigError, match="tracking.rollout_log.interval_steps"):
         load_config(TrainerServiceConfig, None, {"model": "m", "tracking.rollout_log.interval_steps": 0})
+
+
+def test_the_rollout_log_shows_an_episodes_turns_and_how_it_ended():
+    from zerobubble.trainer.tracking import rollout_sample
+    from zerobubble.v1 import common_pb2
+
+    group = common_pb2.ExperienceGroup(prompt=common_pb2.Prompt(prompt_id="p", messages_json="[]", gt_answer="3"))
+    group.trajectories.add(response_text="@calculator(1+2)\ntool\n3\n\\boxed{3}", reward=1.0).episode.CopyFrom(
+        common_pb2.EpisodeInfo(environment="calculator", turns=2, tool_calls=1, step_rewards=[0.0, 1.0],
+                               ended_reason="done"))
+    group.trajectories.add(response_text="\\boxed{4}")
+    config = RolloutLogConfig(groups=1, tokens=False)
+    episode, single = rollout_sample([group], step=1, policy_version=1, config=config)[0]["responses"]
+    assert episode["episode"] == {"environment": "calculator", "turns": 2, "tool_calls": 1,
+                                  "step_rewards": [0.0, 1.0], "ended_reason": "done"}
+    assert episode["text"].startswith("@calculator(1+2)") and "episode" not in single

@@ -47,7 +47,7 @@ def model(tmp_path_factory):
 
 def logged(run_dir, model, groups, advantages, **rollout_log) -> list[dict]:
     config = TrainerServiceConfig(model=str(model), run_dir=run_dir, tracking={
-        "rollout_log": {"interval_steps": 1, "groups": GROUPS, **rollout_log}})
+        "rollout_log": {"interval_steps": 1, "groups": len(groups), **rollout_log}})
     tracker = Tracker(config)
     tracker.log_step({"step": 1, "policy_version": 1}, groups, lambda: advantages)
     tracker.close()
@@ -66,6 +66,7 @@ def test_each_response_carries_its_tokens_their_text_log_probs_and_the_advantage
         index = int(row["prompt_id"][1:])
         assert row["data_source"] == f"set{index % 2}"
         rewards = [t.reward for t in groups[index].trajectories]
+        assert all("loss_mask" not in r and "episode" not in r for r in row["responses"])
         for k, (response, trajectory) in enumerate(zip(row["responses"], groups[index].trajectories, strict=True)):
             ids = np.frombuffer(trajectory.response_ids.data, dtype=np.int32).tolist()
             logprobs = np.frombuffer(trajectory.behaviour_logprobs.data, dtype=np.float32).tolist()
@@ -79,7 +80,7 @@ def test_each_response_carries_its_tokens_their_text_log_probs_and_the_advantage
             expected = (rewards[k] - statistics.mean(rewards)) / (statistics.stdev(rewards) + 1e-4)
             assert response["advantage"] == pytest.approx(expected, abs=1e-4)
             assert response["finish_reason"] == ("FINISH_REASON_LENGTH" if k == 3 else "FINISH_REASON_STOP")
-            assert "loss_mask" not in response and "token_versions" not in response
+            assert "token_versions" not in response
     assert 0 < cut < GROUPS * GENERATIONS
 
 
@@ -99,3 +100,28 @@ def test_tokens_off_leaves_them_out(tmp_path, model):
     rows = logged(tmp_path, model, groups, [0.0] * GROUPS * GENERATIONS, tokens=False)
     assert rows and all(set(r) == {"text", "reward", "answer_ok", "format_ok", "policy_version", "finish_reason",
                                    "length", "advantage"} for row in rows for r in row["responses"])
+
+
+def test_an_episode_logs_its_loss_mask_and_how_it_went(tmp_path, model):
+    episode = group(0, 256)
+    trajectory = episode.trajectories[3]  # 9 tokens: the model's 2, an observation's 3, the model's 4
+    trajectory.loss_mask.CopyFrom(encode_array(np.array([1, 1, 0, 0, 0, 1, 1, 1, 1], dtype=np.uint8)))
+    trajectory.episode.CopyFrom(common_pb2.EpisodeInfo(environment="calculator", turns=2, tool_calls=1,
+                                                       step_rewards=[0.0, 1.0], ended_reason="done"))
+    rows = logged(tmp_path, model, [episode], [0.0] * GENERATIONS, max_tokens=5)
+    responses = rows[0]["responses"]
+    assert responses[3]["loss_mask"] == [1, 1, 0, 0, 0] and responses[3]["tokens_cut"]
+    assert responses[3]["episode"]["turns"] == 2 and responses[3]["episode"]["ended_reason"] == "done"
+    assert all("loss_mask" not in r and "episode" not in r for r in responses[:3])
+
+
+@pytest.mark.skipif("version_spans" not in common_pb2.Trajectory.DESCRIPTOR.fields_by_name,
+                    reason="this build's Trajectory has no version_spans: every token is its policy_version's")
+def test_each_token_carries_the_version_of_its_span(tmp_path, model):
+    spanned = group(0, 256)
+    trajectory = spanned.trajectories[3]  # 9 tokens
+    for start, version in ((0, 3), (2, 4), (5, 6)):
+        trajectory.version_spans.add(start=start, version=version)
+    rows = logged(tmp_path, model, [spanned], [0.0] * GENERATIONS)
+    assert rows[0]["responses"][3]["token_versions"] == [3, 3, 4, 4, 4, 6, 6, 6, 6]
+    assert "token_versions" not in rows[0]["responses"][0]

@@ -75,7 +75,7 @@ class Prompt(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., epoch: _Optional[int] = ..., messages_json: _Optional[str] = ..., gt_answer: _Optional[str] = ..., test_cases: _Optional[_Union[TestCases, _Mapping]] = ..., data_source: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("response_ids", "behaviour_logprobs", "finish_reason", "reward", "format_ok", "answer_ok", "policy_version", "temperature", "response_text")
+    __slots__ = ("response_ids", "behaviour_logprobs", "finish_reason", "reward", "format_ok", "answer_ok", "policy_version", "temperature", "response_text", "loss_mask", "episode")
     RESPONSE_IDS_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOUR_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,8 @@ class Trajectory(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     response_ids: Array
     behaviour_logprobs: Array
     finish_reason: FinishReason
@@ -94,7 +96,23 @@ class Trajectory(_message.Message):
     policy_version: int
     temperature: float
     response_text: str
-    def __init__(self, response_ids: _Optional[_Union[Array, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[Array, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., format_ok: bool = ..., answer_ok: bool = ..., policy_version: _Optional[int] = ..., temperature: _Optional[float] = ..., response_text: _Optional[str] = ...) -> None: ...
+    loss_mask: Array
+    episode: EpisodeInfo
+    def __init__(self, response_ids: _Optional[_Union[Array, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[Array, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., format_ok: bool = ..., answer_ok: bool = ..., policy_version: _Optional[int] = ..., temperature: _Optional[float] = ..., response_text: _Optional[str] = ..., loss_mask: _Optional[_Union[Array, _Mapping]] = ..., episode: _Optional[_Union[EpisodeInfo, _Mapping]] = ...) -> None: ...
+
+class EpisodeInfo(_message.Message):
+    __slots__ = ("environment", "turns", "tool_calls", "step_rewards", "ended_reason")
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    STEP_REWARDS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_REASON_FIELD_NUMBER: _ClassVar[int]
+    environment: str
+    turns: int
+    tool_calls: int
+    step_rewards: _containers.RepeatedScalarFieldContainer[float]
+    ended_reason: str
+    def __init__(self, environment: _Optional[str] = ..., turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., step_rewards: _Optional[_Iterable[float]] = ..., ended_reason: _Optional[str] = ...) -> None: ...
 
 class ExperienceGroup(_message.Message):
     __slots__ = ("prompt", "prompt_ids", "trajectories", "producer_id", "sequence", "lease_id", "producer_incarnation")

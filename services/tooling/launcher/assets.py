@@ -58,15 +58,19 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
     import torch
 
     from zerobubble.tooling.tiny.model import make_tiny_model
+    from zerobubble.tooling.tiny.tool_use import ToolCallShape
     from zerobubble.tooling.tiny.warm_start import warm_start
 
     tiny = config.tiny_model
     # The warm start trains on the prompts the workers will send: the boxed verifier's system prompt unless the
     # run sets its own.
     prompt = system_prompt("boxed", config.rollout.get("reward", {}).get("system_prompt"))
+    tool_use = tiny.warm_start_tool_use
+    tools = "" if tool_use is None else \
+        f"-tools{hashlib.sha256(tool_use.model_dump_json().encode()).hexdigest()[:8]}"
     directory = cache / (f"tiny-{tiny.size}-seed{tiny.seed}-warm{tiny.warm_start_steps}"
                          f"-ls{tiny.warm_start_label_smoothing:g}-sys{hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
-                         f"-{train.parent.name}")
+                         f"{tools}-{train.parent.name}")
     if (directory / "ready.json").exists():
         return directory
     partial = directory.with_name(directory.name + ".partial")
@@ -79,8 +83,10 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
     if tiny.warm_start_steps:
         log.info("warm start: %d supervised steps on %s", tiny.warm_start_steps, train)
         rows = train if config.train_data is None else _task_rows(config, train, partial / "warm-start.jsonl")
+        shape = None if tool_use is None else ToolCallShape(tool_use.call, tool_use.tool_name)
         figures = warm_start(partial, rows, steps=tiny.warm_start_steps, seed=tiny.seed,
-                             label_smoothing=tiny.warm_start_label_smoothing, system_prompt=prompt)
+                             label_smoothing=tiny.warm_start_label_smoothing, system_prompt=prompt,
+                             tool_use=shape, tool_fraction=0.0 if tool_use is None else tool_use.fraction)
     (partial / "ready.json").write_text(json.dumps(figures, default=str))
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)

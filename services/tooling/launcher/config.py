@@ -35,12 +35,23 @@ MOVED_KEYS = {
 }
 
 
+class ToolUseWarmStart(Schema):
+    fraction: float = Field(gt=0, le=1, description="the share of warm-start examples that call the tool and box "
+                            "its answer; the others answer directly")
+    call: str = Field("@calculator({expression})", description="how the model writes the call (in the tool "
+                      "format its environment parses); {expression} stands for the question without its '='")
+    tool_name: str = Field("calculator", description="the tool whose answer the transcripts show")
+
+
 class TinyModel(Schema):
     size: str = Field("1m", description="preset of `zerobubble make-tiny-model`: " + ", ".join(SIZES))
     seed: int = 0
     warm_start_steps: int = Field(300, ge=0, description="supervised steps before RL (0: none)")
     warm_start_label_smoothing: float = Field(
         0.1, ge=0, lt=1, description="label smoothing of the warm start: leaves the model unsure, for RL to sharpen")
+    warm_start_tool_use: ToolUseWarmStart | None = Field(
+        None, description="some warm-start examples call a tool and box its answer (null: none): a model that "
+        "sometimes uses the tool, for RL to teach using it")
 
     @field_validator("size")
     @classmethod

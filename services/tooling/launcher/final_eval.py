@@ -14,9 +14,9 @@ from zerobubble.common.data import DataSpec
 from zerobubble.common.run_spec import RunSpec
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine_factory import make_engine
+from zerobubble.rollout.episodes.play import make_player
 from zerobubble.rollout.evaluation import Evaluator
 from zerobubble.rollout.metrics import RolloutMetrics
-from zerobubble.rollout.prompting import RoutedPrompts
 from zerobubble.trainer.checkpoints import STATE_FILE, latest_checkpoint
 
 
@@ -41,12 +41,13 @@ def evaluate_weights(model: Path, version: int, rollout: RolloutServiceConfig, s
     """The held-out set on any HF model folder, sampled as `rollout`'s periodic evaluation samples (into
     `output_dir`, default the rollout's own eval folder)."""
     engine = make_engine("transformers", model, device="cpu", dtype="fp32", seed=rollout.generation.seed)
-    prompts = RoutedPrompts(engine.tokenizer, spec, rollout.reward.system_prompt, spec.max_prompt_tokens)
+    player = make_player(engine.tokenizer, spec, system_prompt=rollout.reward.system_prompt,
+                         environment=rollout.environment)
     # The first worker's spec of the held-out set carries its split and column mapping.
     heldout = rollout.eval.datasets.get("heldout", DataSpec(path=eval_data))
     eval_config = rollout.eval.model_copy(update={"datasets": {"heldout": heldout},
                                                   "output_dir": output_dir or rollout.eval.output_dir})
-    evaluator = Evaluator(eval_config, prompts=prompts, reward=reward, metrics=RolloutMetrics(CollectorRegistry()),
+    evaluator = Evaluator(eval_config, player=player, reward=reward, metrics=RolloutMetrics(CollectorRegistry()),
                           max_new_tokens=spec.max_new_tokens, stop=tuple(rollout.generation.stop),
                           seed=rollout.generation.seed)
     try:

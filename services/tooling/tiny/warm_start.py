@@ -14,6 +14,7 @@ held-out arithmetic facts from a few minutes of rewards, but sharpening carries 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerobubble.reward.extraction import extract_boxed
 from zerobubble.reward.math_judge import judge
+from zerobubble.rollout.episodes.render import TurnRenderer
 from zerobubble.tooling.tiny.task import TaskRow, chat_messages, read_task, target_response
+from zerobubble.tooling.tiny.tool_use import ToolCallShape, tool_episode
 
 IGNORE_INDEX = -100
 # Measured on the default arithmetic task with the "1m" model (see the report of `zerobubble make-tiny-model`).
@@ -36,19 +39,25 @@ DEFAULT_LABEL_SMOOTHING = 0.1
 class Example:
     prompt_ids: list[int]
     response_ids: list[int]
+    targets: list[int] | None = None      # 1 where a response token is a target; None: every one
 
 
-def encode_examples(tokenizer, rows: list[TaskRow], system_prompt: str) -> list[Example]:
-    """Chat-templated prompt (system + user + generation prompt) and the target response with end of turn."""
-    return [
-        Example(
-            prompt_ids=list(tokenizer.apply_chat_template(chat_messages(row, system_prompt), add_generation_prompt=True,
-                                                          tokenize=True, return_dict=False)),
-            response_ids=tokenizer(target_response(row.gt_answer), add_special_tokens=False)["input_ids"]
-            + [tokenizer.eos_token_id],
-        )
-        for row in rows
-    ]
+def encode_examples(tokenizer, rows: list[TaskRow], system_prompt: str, *, tool_use: ToolCallShape | None = None,
+                    tool_fraction: float = 0.0, seed: int = 0) -> list[Example]:
+    """Chat-templated prompt (system + user + generation prompt) and the target response with end of turn; with
+    `tool_use`, a `tool_fraction` of the rows (chosen by `seed`) as a tool-using episode instead."""
+    chosen = random.Random(seed).sample(range(len(rows)), round(tool_fraction * len(rows))) if tool_use else []
+    renderer = TurnRenderer(tokenizer, max_observation_tokens=64) if chosen else None
+    examples = []
+    for row in rows:
+        prompt_ids = list(tokenizer.apply_chat_template(chat_messages(row, system_prompt), add_generation_prompt=True,
+                                                        tokenize=True, return_dict=False))
+        answer = tokenizer(target_response(row.gt_answer), add_special_tokens=False)["input_ids"]
+        examples.append(Example(prompt_ids, [*answer, tokenizer.eos_token_id]))
+    for index in chosen:
+        response, targets = tool_episode(tokenizer, renderer, rows[index], tool_use)
+        examples[index] = Example(examples[index].prompt_ids, response, targets)
+    return examples
 
 
 def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
@@ -60,7 +69,10 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     for i, example in enumerate(examples):
         sequence = example.prompt_ids + example.response_ids
         input_ids[i, : len(sequence)] = torch.tensor(sequence)
-        labels[i, len(example.prompt_ids) : len(sequence)] = torch.tensor(example.response_ids)
+        targets = torch.tensor(example.response_ids)
+        if example.targets is not None:
+            targets[torch.tensor(example.targets) == 0] = IGNORE_INDEX
+        labels[i, len(example.prompt_ids) : len(sequence)] = targets
         attention_mask[i, : len(sequence)] = 1
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
@@ -76,15 +88,19 @@ def warm_start(
     label_smoothing: float = DEFAULT_LABEL_SMOOTHING,
     system_prompt: str,
     report_seconds: float = 10.0,
+    tool_use: ToolCallShape | None = None,
+    tool_fraction: float = 0.0,
 ) -> dict:
-    """Fine-tune the model in model_dir on the task's targets for `steps` AdamW steps; save it in place.
+    """Fine-tune the model in model_dir on the task's targets for `steps` AdamW steps; save it in place. With
+    `tool_use`, a `tool_fraction` of the examples call the tool and box its answer (tiny/tool_use.py).
 
     system_prompt: the one the rollout workers will send (empty: none), so the warm start sees their prompts.
     A line is logged after the first step and then every `report_seconds` (it takes minutes on a CPU)."""
     model_dir = Path(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    examples = encode_examples(tokenizer, read_task(train_jsonl), system_prompt)
+    examples = encode_examples(tokenizer, read_task(train_jsonl), system_prompt, tool_use=tool_use,
+                               tool_fraction=tool_fraction, seed=seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     # Short runs end far lower when the rate warms up briefly and then decays to a tenth.
     warmup = max(1, steps // 10)

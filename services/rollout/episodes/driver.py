@@ -1,0 +1,180 @@
+"""Plays a batch of episodes turn by turn, token-in/token-out.
+
+Every live episode of the batch generates its next turn in one engine call (the first turn of a group's episodes
+as one prompt with n samples, as single-turn rows are), then every live episode steps its environment at once.
+A response is the model's turns and the observations between them, as tokens: the model's exactly as sampled
+(loss mask 1, their behaviour log-probs), the observations as the chat template renders them (loss mask 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zerobubble.common.episodes import EpisodeRoute, EpisodeSpec
+from zerobubble.rollout.engine import FINISH_LENGTH, FINISH_STOP, Engine, Sample, SamplingSettings
+from zerobubble.rollout.episodes.record import DONE, MAX_TOKENS, MAX_TURNS, TRUNCATING, EpisodeRecord
+from zerobubble.rollout.episodes.render import TurnRenderer, observation_messages
+from zerobubble.rollout.episodes.sessions import EnvironmentSessions, Opening, StepOutcome
+from zerobubble.rollout.prompting import PromptBuilder
+from zerobubble.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodePrompt:
+    """One leased row to play as `n` episodes."""
+
+    prompt: common_pb2.Prompt
+    route: EpisodeRoute
+    builder: PromptBuilder
+
+
+@dataclass
+class _Live:
+    """One episode being played."""
+
+    session: Opening
+    record: EpisodeRecord
+    prefix: list[int]                       # the prompt's ids
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    last_text: str = ""
+    last_finish: str = FINISH_STOP
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.record.ended_reason)
+
+    def add(self, ids, logprobs, *, sampled: bool) -> None:
+        self.tokens.extend(int(t) for t in ids)
+        self.logprobs.extend(float(x) for x in logprobs) if sampled else self.logprobs.extend([0.0] * len(ids))
+        self.mask.extend([int(sampled)] * len(ids))
+
+
+def row_of(prompt: common_pb2.Prompt) -> dict:
+    """The prompt row as an environment's reset sees it."""
+    kind = prompt.WhichOneof("ground_truth")
+    truth = prompt.gt_answer if kind == "gt_answer" else None
+    if kind == "test_cases":
+        truth = {"inputs": list(prompt.test_cases.inputs), "outputs": list(prompt.test_cases.outputs)}
+    return {"prompt_id": prompt.prompt_id, "messages": json.loads(prompt.messages_json), "ground_truth": truth,
+            "data_source": prompt.data_source if prompt.HasField("data_source") else None}
+
+
+def opening_messages(messages: list[dict], opening: str | list[dict] | None) -> list[dict]:
+    """A string opening is appended to the last user message's content; a list of messages follows them."""
+    if opening is None or opening == "":
+        return messages
+    if isinstance(opening, list):
+        return [*messages, *opening]
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if last_user is None:
+        return [*messages, {"role": "user", "content": opening}]
+    extended = dict(messages[last_user], content=messages[last_user]["content"] + opening)
+    return [*messages[:last_user], extended, *messages[last_user + 1:]]
+
+
+class EpisodeDriver:
+    def __init__(self, sessions: EnvironmentSessions, renderer: TurnRenderer, spec: EpisodeSpec, *,
+                 max_new_tokens: int, parallel: int = 32):
+        self.sessions = sessions
+        self.renderer = renderer
+        self.spec = spec
+        self.max_new_tokens = max_new_tokens
+        self.turn_tokens = min(spec.max_turn_tokens or max_new_tokens, max_new_tokens)
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="episode")
+
+    def play(self, engine: Engine, prompts: Sequence[EpisodePrompt],
+             sampling: SamplingSettings) -> tuple[list[list[int]], list[list[Sample]]]:
+        """Each prompt's ids (with its environment's opening and tools) and its `sampling.n` episodes. Turns are
+        as long as the episode limits allow, whatever `sampling.max_new_tokens` says."""
+        sessions = list(self._pool.map(
+            lambda item: self.sessions.open(item[0].route.environment, row_of(item[0].prompt)),
+            [(p, i) for p in prompts for i in range(sampling.n)]))
+        try:
+            return self._play(engine, prompts, sessions, sampling)
+        finally:
+            list(self._pool.map(lambda s: self.sessions.close(s.episode_id), sessions))
+
+    def _play(self, engine, prompts, sessions, sampling):
+        n = sampling.n
+        prompt_ids, episodes = [], []
+        for index, item in enumerate(prompts):
+            group = sessions[index * n:(index + 1) * n]
+            # A group compares answers to one prompt: its first episode's opening is the prompt of all of them.
+            if any(s.opening != group[0].opening for s in group[1:]):
+                log.warning("environment %s opened the episodes of prompt %s differently; the first opening is "
+                            "the group's prompt", item.route.environment, item.prompt.prompt_id)
+            messages = opening_messages(item.builder.messages(item.prompt.messages_json), group[0].opening)
+            ids = item.builder.fit(messages, group[0].tools)
+            prompt_ids.append(ids)
+            episodes.extend(_Live(s, EpisodeRecord(item.route.environment), ids) for s in group)
+
+        turn = dataclasses.replace(sampling, max_new_tokens=self.turn_tokens)
+        first = engine.generate(prompt_ids, turn)
+        self._take_turn(episodes, [s for per_prompt in first for s in per_prompt])
+        while live := [e for e in episodes if not e.ended]:
+            budget = max(self.max_new_tokens - len(e.tokens) for e in live)
+            later = dataclasses.replace(turn, n=1, max_new_tokens=min(self.turn_tokens, budget),
+                                        seed=None if turn.seed is None else turn.seed + live[0].record.turns)
+            samples = engine.generate([e.prefix + e.tokens for e in live], later)
+            self._take_turn(live, [per_context[0] for per_context in samples])
+        return prompt_ids, [[self._sample(e) for e in episodes[i * n:(i + 1) * n]] for i in range(len(prompts))]
+
+    def _take_turn(self, live: list[_Live], samples: list[Sample]) -> None:
+        for episode, sample in zip(live, samples, strict=True):
+            room = self.max_new_tokens - len(episode.tokens)
+            ids, logprobs = sample.token_ids[:room], sample.logprobs[:room]
+            episode.add(ids, logprobs, sampled=True)
+            episode.record.turns += 1
+            episode.last_finish = sample.finish_reason if len(ids) == len(sample.token_ids) else FINISH_LENGTH
+            episode.last_text = sample.text if len(ids) == len(sample.token_ids) else \
+                self.renderer.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        outcomes = list(self._pool.map(lambda e: self.sessions.step(e.session.episode_id, e.last_text), live))
+        for episode, outcome in zip(live, outcomes, strict=True):
+            self._after_step(episode, outcome)
+
+    def _after_step(self, episode: _Live, outcome: StepOutcome) -> None:
+        record = episode.record
+        record.step_rewards.append(float(outcome.reward))
+        record.tool_calls += outcome.tool_calls
+        record.info = outcome.info
+        if outcome.ended_reason:
+            record.ended_reason = outcome.ended_reason
+        elif outcome.done:
+            record.ended_reason = DONE
+        elif record.turns >= self.spec.max_turns:
+            record.ended_reason = MAX_TURNS
+        elif len(episode.tokens) >= self.max_new_tokens:
+            record.ended_reason = MAX_TOKENS
+        if record.ended_reason:
+            return
+        observation = self.renderer.observation_tokens(
+            observation_messages(outcome.observation),
+            ended_with_eos=episode.last_finish == FINISH_STOP and self.renderer.ends_with_eos(episode.tokens))
+        # An observation that leaves no room for another turn would only be context nobody answers.
+        if len(episode.tokens) + len(observation) >= self.max_new_tokens:
+            record.ended_reason = MAX_TOKENS
+            return
+        episode.add(observation, (), sampled=False)
+
+    def _sample(self, episode: _Live) -> Sample:
+        record = episode.record
+        record.transcript = self.renderer.tokenizer.decode(episode.tokens, skip_special_tokens=False)
+        truncated = record.ended_reason in TRUNCATING or episode.last_finish == FINISH_LENGTH
+        return Sample(token_ids=np.asarray(episode.tokens, dtype=np.int32),
+                      logprobs=np.asarray(episode.logprobs, dtype=np.float32),
+                      finish_reason=FINISH_LENGTH if truncated else FINISH_STOP, text=episode.last_text,
+                      loss_mask=np.asarray(episode.mask, dtype=np.uint8), episode=record)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,55 @@
+"""The environment service as the episode driver's sessions: JSON replies turned into plain values, and a lost
+service turned into ended episodes instead of a failed batch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import grpc
+
+from zerobubble.common.clients.environment import EnvironmentClient
+from zerobubble.common.config import ClientConfig
+from zerobubble.common.persistence import until_done
+from zerobubble.rollout.episodes.sessions import UNAVAILABLE, Opening, StepOutcome
+
+log = logging.getLogger(__name__)
+
+
+class RemoteSessions:
+    def __init__(self, config: ClientConfig, *, stop: threading.Event | None = None, max_backoff: float = 5.0):
+        self.client = EnvironmentClient(config, retries=False)
+        self.config = config
+        self.stop = stop or threading.Event()
+        self.max_backoff = max_backoff
+
+    def open(self, environment: str, row: dict) -> Opening:
+        """Retried while the service is away (a supervisor restarts it): an episode opened twice leaves one that
+        nobody steps, which the service expires."""
+        reply = until_done(lambda: self.client.open_episode(environment, row), what="open an episode",
+                           stop=self.stop, max_backoff=self.max_backoff, give_up_seconds=self.config.retry_seconds)
+        return Opening(reply.episode_id, json.loads(reply.opening_json or "null"), json.loads(reply.tools_json or "[]"))
+
+    def step(self, episode_id: str, assistant_text: str) -> StepOutcome:
+        try:
+            reply = self.client.step_episode(episode_id, assistant_text)
+        except grpc.RpcError as exc:
+            # The episode's state lived in the service: lost with it (restarted, or the episode expired), the
+            # episode ends here, and the batch goes on.
+            log.warning("episode %s ended: the environment service answered %s (%s)", episode_id,
+                        exc.code().name, exc.details())
+            return StepOutcome(None, done=True, ended_reason=UNAVAILABLE)
+        return StepOutcome(json.loads(reply.observation_json or "null"), reward=reply.reward, done=reply.done,
+                           info=json.loads(reply.info_json or "{}"), tool_calls=reply.tool_calls,
+                           ended_reason=reply.ended_reason)
+
+    def close(self, episode_id: str) -> None:
+        try:
+            self.client.close_episode(episode_id)
+        except grpc.RpcError as exc:
+            log.debug("closing episode %s: %s", episode_id, exc.code().name)
+
+    def environments(self) -> dict[str, str]:
+        """The service's environments: name -> tool format."""
+        return {e.name: e.tool_format for e in self.client.list_environments().environments}
