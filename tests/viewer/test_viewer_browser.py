@@ -134,6 +134,8 @@ def test_a_multi_turn_sample_shows_observation_tokens_apart_and_its_turns(run_di
     third = length // 3
     response["loss_mask"] = [1] * third + [0] * third + [1] * (length - 2 * third)
     response["token_versions"] = [0] * (2 * third) + [1] * (length - 2 * third)
+    response["episode"] = {"environment": "calculator", "turns": 2, "tool_calls": 1, "step_rewards": [0.0, 1.0],
+                           "ended_reason": "done"}
     with open(episode_run / "trainer" / "rollouts.jsonl", "a") as out:
         out.write(json.dumps(row) + "\n")
     line = len(rollout_rows(episode_run)) - 1
@@ -141,6 +143,7 @@ def test_a_multi_turn_sample_shows_observation_tokens_apart_and_its_turns(run_di
         dom, shot = view(f"{url}/#group/{line}/0/version", tmp_path, "episode")
     boundaries = re.findall(r'class="turn-boundary" data-turn="(\d+)">turn \d+: ([a-z /]+)<', dom)
     assert boundaries == [("1", "model"), ("2", "observation / tool"), ("3", "model")]
+    assert "episode in calculator: 2 turns · 1 tool calls · ended: done" in dom
     assert len(re.findall(r'class="tok tok-obs"', dom)) == third
     assert len(re.findall(r'class="tok tok-model"', dom)) == length - third
     assert '<option value="version" selected=""' in dom or re.search(r"policy versions 0 \(blue\) to 1", dom)

@@ -234,6 +234,8 @@ async function renderGroup(main, line, chosen, colourBy) {
       onclick: () => { location.hash = `group/${line}/${j}`; },
     }, h("div", {}, h("strong", {}, `#${j}`), ` reward ${fmt(r.reward)} · advantage ${fmt(r.advantage)}`),
     h("div", { class: "facts" }, `version ${r.policy_version} · ${String(r.finish_reason).replace("FINISH_REASON_", "").toLowerCase()} finish · ${r.length ?? "?"} tokens`),
+    r.episode ? h("div", { class: "facts episode" }, `episode in ${r.episode.environment}: ${r.episode.turns} turns · ` +
+      `${r.episode.tool_calls} tool calls · ended: ${r.episode.ended_reason}`) : null,
     h("pre", {}, r.text)));
   });
   main.append(cards);
