@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 import sys
 from collections.abc import Awaitable, Callable
@@ -26,8 +25,6 @@ from zerobubble.tooling.viewer.query import (
     parse,
 )
 from zerobubble.tooling.viewer.run import NotInRun, RunFolder
-
-log = logging.getLogger(__name__)
 
 ASSETS = {"index.html": "text/html", "viewer.js": "text/javascript", "viewer.css": "text/css"}
 # Everything the page loads comes from this server; nothing from the internet, no inline script.
