@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PROTOS := $(wildcard protos/zerobubble/v1/*.proto)
 
-.PHONY: install test test-fast lint docs demo protos clean compose-tool sandbox-tool slurm-tool
+.PHONY: install test test-fast lint docs demo protos clean compose-tool sandbox-tool slurm-tool browser-tool
 
 # pyproject.toml gives ranges; constraints.txt the exact versions the tests run on.
 $(STAMP): pyproject.toml constraints.txt
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[train,dev]'
 	touch $(STAMP)
 
-install: $(STAMP) sandbox-tool protoc-env
+install: $(STAMP) sandbox-tool browser-tool protoc-env
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -61,6 +61,12 @@ sandbox-tool:
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		bubblewrap >/dev/null); } || echo "sandbox-tool: bubblewrap not installed; the code verifier is off and its sandbox tests skip"
+
+# Debian's chromium drives `zerobubble view` headless in its tests (tests/viewer); without it they skip.
+browser-tool:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		chromium >/dev/null); } || echo "browser-tool: chromium not installed; the viewer's browser tests skip"
 
 # The stubs come from the lowest grpcio-tools the package supports, in a small environment of its own: generated
 # code refuses runtimes older than its generator, and this one's (grpcio 1.63, protobuf 5.26 gencode) are the lower

@@ -97,6 +97,7 @@ COMMANDS = {
     "eval": ("evaluate", "pass@1 and pass@k of a model folder on a data set"),
     "export": ("export", "write a run's final policy as a Hugging Face model folder"),
     "slurm-plan": ("slurm_plan", "inside a Slurm job: each node's service, address and config"),
+    "view": ("viewer.commands", "browse a run in a local web page: curves, rollouts, tokens, evaluations"),
 }
 BENCHES = {
     "transport": ("bench.transport", "buffer push-to-pull throughput vs a Ray actor queue and a socket"),

@@ -72,6 +72,10 @@ class WandbConfig(Schema):
 class RolloutLogConfig(Schema):
     interval_steps: int = Field(10, gt=0, description="every this many steps")
     groups: int = Field(2, gt=0, description="experience groups of the step sampled, each with all its responses")
+    tokens: bool = Field(True, description="each response's token ids, their text, behaviour log-probs and (where "
+                         "the experience has them) loss mask and per-token policy versions, for `zerobubble view`")
+    max_tokens: int = Field(4096, gt=0, description="the tokens logged of one response at most (the first ones; "
+                            "the row says when it was cut)")
 
 
 class TrackingConfig(Schema):
@@ -84,7 +88,8 @@ class TrackingConfig(Schema):
                                       "or offline} (null: none)")
     rollout_log: RolloutLogConfig | None = Field(
         None, description="{interval_steps: 10, groups: 2}: every interval_steps a sample of the step's prompts, "
-        "responses, rewards and policy versions to run_dir/rollouts.jsonl, and a wandb table (null: none)")
+        "responses, rewards, advantages, policy versions and tokens to run_dir/rollouts.jsonl, and a wandb table "
+        "(null: none)")
     eval_summary: Path | None = Field(None, description="the evaluations' summary.jsonl, whose new results go to "
                                       "TensorBoard and wandb as they appear (zerobubble up sets it)")
 

@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -39,7 +40,7 @@ from zerobubble.trainer.lora import adapter_weights
 from zerobubble.trainer.metrics import TrainerMetrics
 from zerobubble.trainer.strategies.base import Strategy
 from zerobubble.trainer.tracking import Tracker
-from zerobubble.trainer.update import PolicyUpdate
+from zerobubble.trainer.update import PolicyUpdate, sample_advantages
 from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -296,7 +297,8 @@ class TrainingLoop:
             seconds = self.broadcaster.status()["last_sync_seconds"]
             figures["weight_sync_seconds"] = seconds
             figures["weight_sync_gbps"] = self.weight_bytes / seconds / 1e9 if seconds > 0 else 0.0
-        self._record(figures, groups, trained)
+        self._record(figures, groups, trained,
+                     lambda: sample_advantages(batch, self.update.algorithm, self.update.settings.max_new_tokens))
 
     def _publish(self) -> None:
         """Every rank takes part in gathering the full weights (with lora: the adapters only, the base never
@@ -310,7 +312,7 @@ class TrainingLoop:
             self.broadcaster.publish(weights, self.policy_version)
 
     def _record(self, figures: dict[str, float], groups: list[common_pb2.ExperienceGroup],
-                trained: list[str]) -> None:
+                trained: list[str], advantages: Callable[[], list[float]]) -> None:
         if self.strategy.rank != 0:
             return
         row = {"step": self.step, "policy_version": self.policy_version, "time": time.time(), **figures,
@@ -319,7 +321,7 @@ class TrainingLoop:
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "a", encoding="utf-8") as out:
             out.write(json.dumps(row) + "\n")
-        self.tracker.log_step(row, groups)
+        self.tracker.log_step(row, groups, advantages)
         log.info("step %d: reward %.3f accuracy %.3f staleness %.2f loss %.4f", self.step,
                  figures["reward_mean"], figures["answer_accuracy"], figures["staleness_mean"], figures["loss"])
 

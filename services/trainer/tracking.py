@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zerobubble.common.codec import decode_array
 from zerobubble.common.config import ConfigError
-from zerobubble.trainer.config import TrainerServiceConfig, WandbConfig
+from zerobubble.trainer.config import RolloutLogConfig, TrainerServiceConfig, WandbConfig
 from zerobubble.trainer.figures import BY_NAME
 from zerobubble.v1 import common_pb2
 
@@ -59,23 +61,68 @@ def episode_fields(trajectory: common_pb2.Trajectory) -> dict[str, Any]:
                         "ended_reason": episode.ended_reason}}
 
 
-def rollout_sample(groups: list[common_pb2.ExperienceGroup], step: int, policy_version: int,
-                   count: int) -> list[dict[str, Any]]:
-    """`count` groups of the step, drawn with the step as the seed, each with every response and its score."""
-    chosen = random.Random(step).sample(groups, min(count, len(groups)))
+def token_versions(trajectory: common_pb2.Trajectory, count: int) -> list[int] | None:
+    """The policy version of each of the first `count` tokens, from the trajectory's version spans where the
+    contract has them and the response has any (None: every token is policy_version's)."""
+    if "version_spans" not in trajectory.DESCRIPTOR.fields_by_name or not trajectory.version_spans:
+        return None
+    spans = list(trajectory.version_spans)
+    ends = [span.start for span in spans[1:]] + [count]
+    versions: list[int] = []
+    for span, end in zip(spans, ends, strict=True):
+        versions += [span.version] * max(0, min(end, count) - len(versions))
+    return versions + [spans[-1].version] * (count - len(versions))
+
+
+def _token_fields(trajectory: common_pb2.Trajectory, limit: int,
+                  token_text: Callable[[list[int]], list[str]] | None) -> dict[str, Any]:
+    """A response's tokens for the viewer: ids, their text, behaviour log-probs and, when the trajectory has them,
+    its loss mask (observation tokens of an episode) and per-token policy versions; the first `limit` of each."""
+    ids = decode_array(trajectory.response_ids, "response_ids").tolist()
+    logprobs = decode_array(trajectory.behaviour_logprobs, "behaviour_logprobs").tolist()
+    kept = ids[:limit]
+    fields: dict[str, Any] = {"token_ids": kept, "logprobs": [round(v, 4) for v in logprobs[:limit]]}
+    if trajectory.HasField("loss_mask"):
+        fields["loss_mask"] = decode_array(trajectory.loss_mask, "loss_mask").tolist()[:limit]
+    versions = token_versions(trajectory, len(kept))
+    if versions is not None:
+        fields["token_versions"] = versions
+    if token_text is not None:
+        fields["tokens"] = token_text(kept)
+    if len(ids) > limit:
+        fields["tokens_cut"] = True
+    return fields
+
+
+def rollout_sample(groups: list[common_pb2.ExperienceGroup], step: int, policy_version: int, config: RolloutLogConfig,
+                   advantages: list[float] | None = None,
+                   token_text: Callable[[list[int]], list[str]] | None = None) -> list[dict[str, Any]]:
+    """`config.groups` groups of the step, drawn with the step as the seed, each with every response, its score,
+    how its episode went (multi-turn) and (given the step's advantages, in the order of its groups' responses) its
+    advantage."""
+    size = len(groups[0].trajectories) if groups else 0
+    chosen = random.Random(step).sample(range(len(groups)), min(config.groups, len(groups)))
     rows = []
-    for group in chosen:
+    for index in chosen:
+        group = groups[index]
         prompt = group.prompt
         truth = ({"gt_answer": prompt.gt_answer} if prompt.WhichOneof("ground_truth") == "gt_answer" else
                  {"test_cases": {"inputs": list(prompt.test_cases.inputs), "outputs": list(prompt.test_cases.outputs)}})
-        rows.append({
-            "step": step, "trained_policy_version": policy_version, "prompt_id": prompt.prompt_id,
-            "epoch": prompt.epoch, "messages": json.loads(prompt.messages_json), **truth,
-            "responses": [{"text": t.response_text, "reward": t.reward, "answer_ok": t.answer_ok,
-                           "format_ok": t.format_ok, "policy_version": t.policy_version,
-                           "finish_reason": common_pb2.FinishReason.Name(t.finish_reason), **episode_fields(t)}
-                          for t in group.trajectories],
-        })
+        responses = []
+        for j, t in enumerate(group.trajectories):
+            response = {"text": t.response_text, "reward": t.reward, "answer_ok": t.answer_ok,
+                        "format_ok": t.format_ok, "policy_version": t.policy_version,
+                        "finish_reason": common_pb2.FinishReason.Name(t.finish_reason),
+                        "length": t.response_ids.shape[0] if t.response_ids.shape else 0, **episode_fields(t)}
+            if advantages is not None:
+                response["advantage"] = round(advantages[index * size + j], 6)
+            if config.tokens:
+                response.update(_token_fields(t, config.max_tokens, token_text))
+            responses.append(response)
+        source = {"data_source": prompt.data_source} if prompt.HasField("data_source") else {}
+        rows.append({"step": step, "trained_policy_version": policy_version, "prompt_id": prompt.prompt_id,
+                     "epoch": prompt.epoch, **source, "messages": json.loads(prompt.messages_json), **truth,
+                     "responses": responses})
     return rows
 
 
@@ -137,6 +184,8 @@ class Tracker:
         self.tensorboard = None
         self.eval_tensorboard = None
         self.wandb = None
+        self.model = config.model
+        self.tokenizer = None
         follow = active and self.config.eval_summary is not None and (
             self.config.tensorboard or self.config.wandb is not None)
         self.evals = EvalFollower(self.config.eval_summary, self.run_dir / EVAL_OFFSET_FILE) if follow else None
@@ -159,8 +208,10 @@ class Tracker:
             self.eval_tensorboard = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR / "eval"))
         return self.eval_tensorboard
 
-    def log_step(self, row: dict[str, Any], groups: list[common_pb2.ExperienceGroup]) -> None:
-        """One training step: the metrics.jsonl row and the groups it trained on."""
+    def log_step(self, row: dict[str, Any], groups: list[common_pb2.ExperienceGroup],
+                 advantages: Callable[[], list[float]] | None = None) -> None:
+        """One training step: the metrics.jsonl row, the groups it trained on and, asked for only on a step whose
+        rollouts are logged, each of their responses' advantage."""
         if not self.active:
             return
         step = row["step"]
@@ -173,10 +224,22 @@ class Tracker:
             self.wandb.log({"trainer/step": step, **scalars})
         rollout_log = self.config.rollout_log
         if rollout_log is not None and step % rollout_log.interval_steps == 0:
-            self._log_rollouts(rollout_sample(groups, step, row["policy_version"], rollout_log.groups), step)
+            rows = rollout_sample(groups, step, row["policy_version"], rollout_log,
+                                  advantages() if advantages is not None else None, self._token_text())
+            self._log_rollouts(rows, step)
         self._log_evals()
         if self.tensorboard is not None:
             self.tensorboard.flush()
+
+    def _token_text(self) -> Callable[[list[int]], list[str]] | None:
+        """Each token's own text, from the model's tokenizer (loaded on the first logged step)."""
+        if not self.config.rollout_log.tokens:
+            return None
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        return lambda ids: self.tokenizer.batch_decode([[i] for i in ids])
 
     def _log_rollouts(self, rows: list[dict[str, Any]], step: int) -> None:
         with open(self.run_dir / ROLLOUT_LOG, "a", encoding="utf-8") as out:

@@ -49,6 +49,23 @@ def batch_logprobs(model: nn.Module, batch: ExperienceBatch, micro: int) -> torc
     return torch.cat(parts)
 
 
+def batch_advantages(batch: ExperienceBatch, algo: AlgorithmConfig,
+                     max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The shaped rewards [N], the loss mask [N, T] and the per-token advantages [N, T] the step trains with."""
+    rewards = shape_rewards(batch.rewards, batch.response_lengths, batch.truncated, algo,
+                            max_new_tokens=max_new_tokens)
+    mask = batch.response_mask * overlong_sample_mask(batch.truncated, algo).unsqueeze(1).float()
+    return rewards, mask, compute_advantages(algo.advantage_estimator, rewards.reshape(-1, batch.group_size), mask)
+
+
+def sample_advantages(batch: ExperienceBatch, algo: AlgorithmConfig, max_new_tokens: int) -> list[float]:
+    """Each sample's advantage as the step trains it (every estimator gives one value over a sample's tokens; a
+    sample the step leaves out, such as an overlong one under the overlong filter, has 0)."""
+    _, mask, advantages = batch_advantages(batch, algo, max_new_tokens)
+    first = mask.argmax(dim=1, keepdim=True)
+    return torch.where(mask.any(dim=1), advantages.gather(1, first).squeeze(1), 0.0).tolist()
+
+
 class PolicyUpdate:
     def __init__(self, strategy: Strategy, algorithm: AlgorithmConfig, settings: UpdateSettings,
                  reference: nn.Module | None = None, before_step: Callable[[], None] = lambda: None):
@@ -63,11 +80,7 @@ class PolicyUpdate:
     def __call__(self, batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
         """One step on `batch` with the weights of `policy_version` (the version samples say they came from)."""
         algo, settings, strategy = self.algorithm, self.settings, self.strategy
-        lengths = batch.response_lengths
-        rewards = shape_rewards(batch.rewards, lengths, batch.truncated, algo,
-                                max_new_tokens=settings.max_new_tokens)
-        mask = batch.response_mask * overlong_sample_mask(batch.truncated, algo).unsqueeze(1).float()
-        advantages = compute_advantages(algo.advantage_estimator, rewards.reshape(-1, batch.group_size), mask)
+        rewards, mask, advantages = batch_advantages(batch, algo, settings.max_new_tokens)
         recomputed_old = self._recompute_old_logprobs(batch, policy_version)
         ref_logp = batch_logprobs(self.reference, batch, settings.micro_batch_samples) if self.reference else None
 

@@ -12,7 +12,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from zerobubble.common.config import ConfigError, load_config
-from zerobubble.trainer.config import TrainerServiceConfig
+from zerobubble.trainer.config import RolloutLogConfig, TrainerServiceConfig
 from zerobubble.trainer.tracking import ROLLOUT_LOG, TENSORBOARD_DIR, WANDB_ID_FILE, Tracker, log_new_evaluations
 from zerobubble.v1 import common_pb2
 
@@ -67,7 +67,7 @@ def test_tensorboard_wandb_and_the_rollout_log_hold_the_steps_the_evaluations_an
     run_dir, summary = tmp_path / "trainer", tmp_path / "eval" / "summary.jsonl"
     summary.parent.mkdir()
     tracker = Tracker(config(run_dir, tensorboard=True, wandb={"project": "test", "mode": "offline"},
-                             rollout_log={"interval_steps": 2, "groups": 2}, eval_summary=summary))
+                             rollout_log={"interval_steps": 2, "groups": 2, "tokens": False}, eval_summary=summary))
     train(tracker, range(1, 5), summary)
 
     assert scalars(run_dir, "train/loss") == [(s, round(0.5 / s, 6)) for s in range(1, 5)]
@@ -155,7 +155,8 @@ def test_the_rollout_log_shows_an_episodes_turns_and_how_it_ended():
         common_pb2.EpisodeInfo(environment="calculator", turns=2, tool_calls=1, step_rewards=[0.0, 1.0],
                                ended_reason="done"))
     group.trajectories.add(response_text="\\boxed{4}")
-    episode, single = rollout_sample([group], step=1, policy_version=1, count=1)[0]["responses"]
+    config = RolloutLogConfig(groups=1, tokens=False)
+    episode, single = rollout_sample([group], step=1, policy_version=1, config=config)[0]["responses"]
     assert episode["episode"] == {"environment": "calculator", "turns": 2, "tool_calls": 1,
                                   "step_rewards": [0.0, 1.0], "ended_reason": "done"}
     assert episode["text"].startswith("@calculator(1+2)") and "episode" not in single
