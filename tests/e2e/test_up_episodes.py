@@ -56,9 +56,20 @@ def test_a_users_environment_trains_under_up_and_survives_kill_9_of_the_environm
     assert all(e["environment"] == "feedback" for e in episodes)
     finished = [r for r in logged if r["episode"]["ended_reason"] == "done"]
     assert len(finished) > len(logged) // 2, [e["ended_reason"] for e in episodes]
+    observation = "<|im_start|>user\nCheck it once more.<|im_end|>\n<|im_start|>assistant\n"
     for response in finished:
         # Two turns with the environment's feedback between them, as the chat template renders a user message.
         assert response["episode"]["turns"] == 2 and response["episode"]["step_rewards"][0] == 0.0
-        assert "<|im_start|>user\nCheck it once more.<|im_end|>\n<|im_start|>assistant\n" in response["text"]
+        assert observation in response["text"]
+        # What the trainer learnt from: the model's two turns; the feedback between them (and the end of the first
+        # turn the model did not write itself) masked out, with no behaviour log-prob.
+        mask, tokens = response["loss_mask"], response["tokens"]
+        masked = "".join(t for t, m in zip(tokens, mask, strict=True) if m == 0)
+        # After a turn the model ended itself only the newline its end token leaves; after one cut at
+        # max_turn_tokens, the end token too.
+        assert masked in ("\n" + observation, "<|im_end|>\n" + observation), masked
+        first, second = mask.index(0), len(mask) - mask[::-1].index(0)
+        assert 0 < first < second < len(mask) and set(mask[first:second]) == {0}, "one observation between two turns"
+        assert all(lp == 0 for lp, m in zip(response["logprobs"], mask, strict=True) if m == 0)
     # Episodes the killed service held end as unavailable; the run went on without them.
     assert {e["ended_reason"] for e in episodes} <= {"done", "unavailable", "max_tokens"}
