@@ -9,8 +9,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from zerobubble.rollout.episodes.render import TurnRenderer
 from zerobubble.tooling.tiny.model import make_tiny_model
 from zerobubble.tooling.tiny.task import read_task
+from zerobubble.tooling.tiny.tool_use import ToolCallShape
 from zerobubble.tooling.tiny.warm_start import IGNORE_INDEX, collate, encode_examples, evaluate, warm_start
 
 # The rollout workers' prompt layout when the run sends no system prompt, as the demo does.
@@ -90,3 +92,24 @@ def test_warm_start_reports_its_progress_with_an_estimate(tmp_path, two_question
     # The first step (so the estimate shows at once) and the last; nothing between within the interval.
     assert [line.split(",")[0] for line in lines] == ["warm start: step 1/5", "warm start: step 5/5"]
     assert "s left" in lines[0] and lines[1].endswith("about 0 s left")
+
+
+def test_tool_using_examples_are_the_episode_as_the_worker_plays_it_with_the_tools_answer_no_target(tmp_path):
+    rows = write_rows(tmp_path / "sums.jsonl", {f"{a}+{a + 11}=": str(2 * a + 11) for a in range(10, 30)})
+    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path / "m", size="1m"))
+    shape = ToolCallShape("@calculator({expression})", "calculator")
+    examples = encode_examples(tokenizer, read_task(rows), NO_SYSTEM_PROMPT, tool_use=shape, tool_fraction=0.25)
+    tool_using = [e for e in examples if e.targets is not None]
+    assert len(tool_using) == 5
+    renderer = TurnRenderer(tokenizer, max_observation_tokens=64)
+    for example in tool_using:
+        question = tokenizer.decode(example.prompt_ids).split("user\n")[1].split("=")[0]
+        answer = str(eval(question))   # noqa: S307 - the test's own sums
+        call = tokenizer.encode(f"@calculator({question})") + [tokenizer.eos_token_id]
+        observation = renderer.observation_tokens([{"role": "tool", "name": "calculator", "content": answer}],
+                                                  ended_with_eos=True)
+        boxed = tokenizer.encode(f"\\boxed{{{answer}}}") + [tokenizer.eos_token_id]
+        assert example.response_ids == call + observation + boxed
+        assert example.targets == [1] * len(call) + [0] * len(observation) + [1] * len(boxed)
+    labels = collate(tool_using[:1], tokenizer.pad_token_id)["labels"][0]
+    assert tokenizer.decode(labels[labels != IGNORE_INDEX].tolist()).count("<|im_start|>") == 0
