@@ -152,11 +152,24 @@ def _draw(run_dir: Path, steps: list[dict], evals: dict[str, tuple[list[float], 
     os.replace(partial, out)
 
 
-def plot_run(run_dir: Path, out: Path | None = None) -> Path:
-    """Draws the run's curves into one PNG (default RUN_DIR/plot.png) and returns its path.
+def plot_run(run_dir: Path, out: Path | None = None, beside: Path | None = None) -> Path:
+    """Draws the run's curves into one PNG (default RUN_DIR/plot.png) and returns its path; with `beside`, another
+    run's evaluations on the accuracy panel too (a baseline: the same model without a tool, another algorithm).
 
     Raises RunDataError when RUN_DIR/trainer/metrics.jsonl is missing, unreadable or holds no step."""
     run_dir = Path(run_dir)
+    steps, evals = _run_curves(run_dir)
+    if beside is not None:
+        beside = Path(beside)
+        for dataset, curve in _run_curves(beside)[1].items():
+            evals[f"{dataset}, {beside.resolve().name}"] = curve
+    out = Path(out) if out is not None else run_dir / DEFAULT_OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _draw(run_dir, steps, evals, out)
+    return out
+
+
+def _run_curves(run_dir: Path) -> tuple[list[dict], dict[str, tuple[list[float], list[float]]]]:
     metrics_path = run_dir / METRICS_FILE
     if not metrics_path.is_file():
         raise RunDataError(f"no training metrics: {metrics_path} does not exist")
@@ -166,16 +179,12 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     if not steps:
         raise RunDataError(f"no training step in {metrics_path}")
     eval_path = run_dir / EVAL_FILE
-    evals = eval_curves(read_jsonl(eval_path), steps) if eval_path.is_file() else {}
-    out = Path(out) if out is not None else run_dir / DEFAULT_OUT
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _draw(run_dir, steps, evals, out)
-    return out
+    return steps, eval_curves(read_jsonl(eval_path), steps) if eval_path.is_file() else {}
 
 
 def _cmd_plot(args) -> int:
     try:
-        path = plot_run(args.run_dir, args.out)
+        path = plot_run(args.run_dir, args.out, args.beside)
     except RunDataError as exc:
         raise SystemExit(f"zerobubble plot: {exc}") from None
     print(path)
@@ -186,4 +195,6 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("plot", help="draw a run's training curves (and evaluations) into one PNG")
     parser.add_argument("run_dir", type=Path, help="the run folder (holds trainer/metrics.jsonl)")
     parser.add_argument("--out", type=Path, help=f"the PNG to write (default RUN_DIR/{DEFAULT_OUT})")
+    parser.add_argument("--beside", type=Path, help="another run folder whose evaluations are drawn beside this "
+                        "run's (e.g. the same model without a tool)")
     parser.set_defaults(run=_cmd_plot)

@@ -139,3 +139,18 @@ def test_steps_trained_again_after_a_restart_take_the_later_row(tmp_path, monkey
     plot_run(tmp_path)
     assert [row["step"] for row in drawn["steps"]] == [1, 2, 3, 4, 5]
     assert [row["reward_mean"] for row in drawn["steps"][3:]] == [9.0, 9.0]
+
+
+def test_another_runs_evaluations_are_drawn_beside_this_runs(tmp_path, monkeypatch):
+    write_run(tmp_path / "with-tool")
+    write_run(tmp_path / "no-tool", steps=20)
+    drawn = {}
+    real_draw = plot._draw
+    monkeypatch.setattr(plot, "_draw", lambda run_dir, steps, evals, out: (drawn.update(evals),
+                                                                           real_draw(run_dir, steps, evals, out)))
+    assert run_command(["plot", str(tmp_path / "with-tool"), "--beside", str(tmp_path / "no-tool")]) == 0
+    path = tmp_path / "with-tool" / "plot.png"
+    assert set(drawn) == {"arith", "arith, no-tool"}
+    # The baseline's versions placed at its own steps: version 20 was its step 20.
+    assert drawn["arith, no-tool"] == ([0.0, 20.0, 40.0], [0.0, 0.4, 0.8])
+    assert png_size(path.read_bytes()) == (1600, 900)
