@@ -116,19 +116,20 @@ class EpisodeDriver:
         try:
             return self._play(engine, prompts, sessions, sampling)
         finally:
-            list(self._pool.map(lambda s: self.sessions.close(s.episode_id), sessions))
+            list(self._pool.map(self.sessions.close, [s.episode_id for s in sessions if not s.failed]))
 
     def _play(self, engine, prompts, sessions, sampling):
         n = sampling.n
         prompt_ids, episodes = [], []
         for index, item in enumerate(prompts):
             group = sessions[index * n:(index + 1) * n]
+            opened = [s for s in group if not s.failed] or [Opening("", None)]
             # A group compares answers to one prompt: its first episode's opening is the prompt of all of them.
-            if any(s.opening != group[0].opening for s in group[1:]):
+            if any(s.opening != opened[0].opening for s in opened[1:]):
                 log.warning("environment %s opened the episodes of prompt %s differently; the first opening is "
                             "the group's prompt", item.route.environment, item.prompt.prompt_id)
-            messages = opening_messages(item.builder.messages(item.prompt.messages_json), group[0].opening)
-            ids = item.builder.fit(messages, group[0].tools)
+            messages = opening_messages(item.builder.messages(item.prompt.messages_json), opened[0].opening)
+            ids = item.builder.fit(messages, opened[0].tools)
             prompt_ids.append(ids)
             episodes.extend(_Live(s, EpisodeRecord(item.route.environment), ids) for s in group)
 
@@ -165,10 +166,14 @@ class EpisodeDriver:
             episode.last_finish = sample.finish_reason if len(ids) == len(sample.token_ids) else FINISH_LENGTH
             episode.last_text = sample.text if len(ids) == len(sample.token_ids) else \
                 self.renderer.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        for episode in live:
+            if episode.session.failed:
+                episode.record.ended_reason = episode.session.failed
+        stepping = [e for e in live if not e.ended]
         started = time.perf_counter()
-        outcomes = list(self._pool.map(self._step, live))
+        outcomes = list(self._pool.map(self._step, stepping))
         self.timings.environment_seconds += time.perf_counter() - started
-        for episode, outcome in zip(live, outcomes, strict=True):
+        for episode, outcome in zip(stepping, outcomes, strict=True):
             self._after_step(episode, outcome)
 
     def _after_step(self, episode: _Live, outcome: StepOutcome) -> None:

@@ -11,8 +11,8 @@ import grpc
 
 from zerobubble.common.clients.environment import EnvironmentClient
 from zerobubble.common.config import ClientConfig
-from zerobubble.common.persistence import until_done
-from zerobubble.rollout.episodes.sessions import UNAVAILABLE, Opening, StepOutcome
+from zerobubble.common.persistence import TRANSIENT, until_done
+from zerobubble.rollout.episodes.sessions import RESET_FAILED, UNAVAILABLE, Opening, StepOutcome
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +27,15 @@ class RemoteSessions:
     def open(self, environment: str, row: dict) -> Opening:
         """Retried while the service is away (a supervisor restarts it): an episode opened twice leaves one that
         nobody steps, which the service expires."""
-        reply = until_done(lambda: self.client.open_episode(environment, row), what="open an episode",
-                           stop=self.stop, max_backoff=self.max_backoff, give_up_seconds=self.config.retry_seconds)
+        try:
+            reply = until_done(lambda: self.client.open_episode(environment, row), what="open an episode",
+                               stop=self.stop, max_backoff=self.max_backoff,
+                               give_up_seconds=self.config.retry_seconds)
+        except grpc.RpcError as exc:
+            # The environment's reset failed (or the service stayed away): this episode only, not the batch.
+            log.warning("an episode of %s could not be opened: %s (%s)", environment, exc.code().name,
+                        exc.details())
+            return Opening("", None, failed=UNAVAILABLE if exc.code() in TRANSIENT else RESET_FAILED)
         return Opening(reply.episode_id, json.loads(reply.opening_json or "null"), json.loads(reply.tools_json or "[]"))
 
     def step(self, episode_id: str, assistant_text: str) -> StepOutcome:

@@ -13,11 +13,16 @@ from typing import Any, Protocol
 UNAVAILABLE = "unavailable"
 
 
+RESET_FAILED = "reset_failed"
+
+
 @dataclass
 class Opening:
     episode_id: str
     opening: str | list[dict] | None      # appended to the row's last user message (a string) or after it
     tools: list[dict] = field(default_factory=list)   # OpenAI function schemas, for the chat template
+    # Why the episode could not be opened ("" when it was): it then plays its first turn and ends there.
+    failed: str = ""
 
 
 @dataclass
@@ -31,7 +36,9 @@ class StepOutcome:
 
 
 class EnvironmentSessions(Protocol):
-    def open(self, environment: str, row: dict[str, Any]) -> Opening: ...
+    def open(self, environment: str, row: dict[str, Any]) -> Opening:
+        """Never raises for the environment's own failures: they come back as an Opening with `failed`."""
+        ...
 
     def step(self, episode_id: str, assistant_text: str) -> StepOutcome:
         """Never raises for the environment's own failures: they come back as an outcome with ended_reason."""
