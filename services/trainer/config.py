@@ -27,7 +27,7 @@ class BatchConfig(Schema):
         "whose prompt + response tokens (padded length where sequences are not packed) add up to at most this; a "
         "longer sample goes alone (null: by micro_batch_samples)")
     logprob_chunk_tokens: int | None = Field(
-        1024, gt=0, description="response positions whose logits exist at once: log-probs and entropy come from the "
+        512, gt=0, description="response positions whose logits exist at once: log-probs and entropy come from the "
         "last hidden states through the output projection this many positions at a time, in forward and backward "
         "(null: full logits of every position, the memory of samples x length x vocabulary)")
     packing: bool = Field(True, description="sequences end to end without padding, position ids restarting per "

@@ -30,7 +30,7 @@ class UpdateSettings:
     # None: micro-batches of micro_batch_samples; else cut by this many tokens (see trainer/micro_batches.py).
     max_tokens_per_micro_batch: int | None = None
     # Positions per chunk of the output projection (None: full logits); packing needs the chunks.
-    logprob_chunk_tokens: int | None = 1024
+    logprob_chunk_tokens: int | None = 512
     packing: bool = True
 
 

@@ -52,10 +52,12 @@ SHAPES: dict[str, dict[str, int]] = {
 BYTE_TOKENS = 256  # prompt ids are drawn from the tokenizer's byte tokens, so prompts decode
 
 
-def make_model_dir(out: Path, shape: str, device: torch.device, seed: int = 0) -> Path:
-    """A randomly initialised Qwen2 model of `shape` with the project's tokenizer, saved as HF files."""
+def make_model_dir(out: Path, shape: str, device: torch.device, seed: int = 0, layers: int | None = None) -> Path:
+    """A randomly initialised Qwen2 model of `shape` (with `layers` decoder layers, else the shape's) with the
+    project's tokenizer, saved as HF files."""
     tokenizer = make_tokenizer()
-    config = Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=4096,
+    dims = SHAPES[shape] | ({} if layers is None else {"num_hidden_layers": layers})
+    config = Qwen2Config(**dims, tie_word_embeddings=True, max_position_embeddings=4096,
                          bos_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN), eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, dtype="float32")
     torch.manual_seed(seed)

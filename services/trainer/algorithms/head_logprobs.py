@@ -24,8 +24,9 @@ def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
 
 
 def _scaled_logits(hidden: Tensor, weight: Tensor, inverse_temperature: Tensor, dtype: torch.dtype) -> Tensor:
+    # One [chunk, vocabulary] tensor, scaled in place.
     logits = (hidden.to(dtype) @ weight.to(dtype).t()).to(torch.promote_types(dtype, torch.float32))
-    return logits * inverse_temperature.to(logits.dtype).unsqueeze(1)
+    return logits.mul_(inverse_temperature.to(logits.dtype).unsqueeze(1))
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):
@@ -42,10 +43,11 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 logprobs.append(scaled.gather(1, targets[rows].unsqueeze(1)).squeeze(1) - log_normaliser)
                 normalisers.append(log_normaliser)
                 if with_entropy:
-                    probs = torch.exp(scaled - log_normaliser.unsqueeze(1))
-                    # Tokens banned with -inf logits have p = 0 and contribute nothing (not 0 * -inf = nan).
-                    expected = (probs * scaled.masked_fill(probs == 0, 0.0)).sum(-1)
+                    # H = logZ - sum(p * z); the logits of a linear projection are finite, so p * z has no 0 * inf.
+                    probs = torch.sub(scaled, log_normaliser.unsqueeze(1)).exp_()
+                    expected = torch.bmm(probs.unsqueeze(1), scaled.unsqueeze(2)).reshape(-1)
                     entropies.append(log_normaliser - expected)
+                    del probs
                 del scaled
         out_dtype = torch.promote_types(dtype, torch.float32)
         empty = hidden.new_zeros(0, dtype=out_dtype)
@@ -70,13 +72,14 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 scaled = _scaled_logits(hidden[rows], weight, inverse_temperature[rows], dtype)
                 # d logp(y) / d logit = (onehot(y) - softmax(logits / T)) / T, times the upstream gradient.
                 upstream = grad_logprobs[rows].to(scaled.dtype).unsqueeze(1)
-                grad = torch.exp(scaled - normalisers[rows].unsqueeze(1)).mul_(-upstream)
+                grad = scaled.sub_(normalisers[rows].unsqueeze(1)).exp_().mul_(-upstream)
                 grad.scatter_add_(1, targets[rows].unsqueeze(1), upstream)
-                grad = grad.mul_(inverse_temperature[rows].unsqueeze(1)).to(dtype)
-                del scaled
+                grad = grad.mul_(inverse_temperature[rows].to(grad.dtype).unsqueeze(1)).to(dtype)
                 if grad_hidden is not None:
                     grad_hidden[rows] = (grad @ weight.to(dtype)).to(hidden.dtype)
-                if grad_weight is not None:
+                if grad_weight is not None and grad_weight.dtype == dtype:
+                    grad_weight.addmm_(grad.t(), hidden[rows].to(dtype))  # in place: no [V, H] temporary
+                elif grad_weight is not None:
                     grad_weight += (grad.t() @ hidden[rows].to(dtype)).to(grad_weight.dtype)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
