@@ -222,3 +222,36 @@ def test_a_training_step_by_token_budget_packed_and_chunked_equals_todays_step(
     with make_strategy(strategy_config(), model_dir) as strategy:
         moved = max(float((w - weights_before[n]).abs().max()) for n, w in strategy.full_state_dict())
     assert moved > 1e-4  # the step changed the weights, so equal weights compare two updates
+
+
+def rank_groups(rank: int) -> list[common_pb2.ExperienceGroup]:
+    # Rank 0's responses are long and rank 1's short: by a token budget rank 0 needs more micro-batches.
+    return groups(count=2, size=4, vocab=256, seed=rank, long_every=1 if rank == 0 else 0)
+
+
+def _budget_rank(rank: int, model_dir, out_dir) -> None:
+    with make_strategy(strategy_config(), model_dir) as strategy:
+        calls: list[None] = []
+        strategy.model.register_forward_pre_hook(lambda *_: calls.append(None))
+        settings = UpdateSettings(1, 3, max_new_tokens=24, max_tokens_per_micro_batch=40, logprob_chunk_tokens=5)
+        update = PolicyUpdate(strategy, algorithm_config("GRPO", beta=0.0), settings)
+        figures = update(collate(rank_groups(rank), pad_id=0), policy_version=1)
+        torch.save({"forwards": len(calls), "figures": figures, "weights": dict(strategy.full_state_dict())},
+                   out_dir / f"rank{rank}.pt")
+
+
+def test_ranks_with_different_lengths_make_as_many_forwards_and_the_update_of_one_process(model_dir, tmp_path):
+    from strategy_helpers import run_ranks
+
+    run_ranks(_budget_rank, 2, model_dir, tmp_path)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    # Rank 0's eight long samples need eight micro-batches of 40 tokens (and as many to recompute the stale
+    # samples' old log-probs); rank 1, whose short ones fit in fewer, splits its own to match.
+    assert ranks[0]["forwards"] == ranks[1]["forwards"] == 16
+    today = UpdateSettings(1, 3, max_new_tokens=24, logprob_chunk_tokens=None, packing=False)
+    union, weights = one_step(model_dir, today, collate(rank_groups(0) + rank_groups(1), pad_id=0), 1, "GRPO",
+                              beta=0.0)
+    for rank in ranks:
+        assert rank["figures"]["grad_norm"] == pytest.approx(union["grad_norm"], rel=1e-4)
+        for name, tensor in weights.items():
+            torch.testing.assert_close(rank["weights"][name], tensor, rtol=1e-4, atol=1e-6, msg=name)
