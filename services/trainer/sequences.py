@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # Attention implementations of transformers that keep packed sequences apart given restarting position ids and no
 # attention mask: those whose mask is built by transformers' masking_utils (which finds the sequence boundaries
 # in the position ids), and flash attention (which turns them into variable-length boundaries).
-PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "kernels-community")
+PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 
 @dataclass(frozen=True)
