@@ -1,9 +1,10 @@
 """How a micro-batch of samples goes through the model to give its response log-probs: packed end to end or padded,
 and the log-probs read from the last hidden states a chunk of positions at a time, or from full logits.
 
-- packed: every sample's prompt + response, without padding, one after another in a single row, position ids
-  restarting at each sample; transformers keeps attention inside each sample when the attention implementation
-  builds its mask from position ids (sdpa, eager, flex) or reads them as variable-length boundaries (flash).
+- packed: every sample's prompt + response, without padding, one after another in rows as long as the longest
+  sample, position ids restarting at each sample; transformers keeps attention inside each sample when the
+  attention implementation builds its mask from position ids (sdpa, eager, flex) or reads them as
+  variable-length boundaries (flash).
 - padded: the collated rows, cut to this micro-batch's longest prompt and response.
 - chunked log-probs: the model's output projection is replaced, for the one forward call, by a function that
   takes the hidden states of the positions that predict response tokens only, and computes their log-probs and
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 from zerobubble.trainer.algorithms.head_logprobs import chunked_token_logprobs
 from zerobubble.trainer.algorithms.logprobs import TokenLogprobs, token_logprobs_and_entropy
 from zerobubble.trainer.collate import ExperienceBatch
+from zerobubble.trainer.micro_batches import by_token_budget
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +109,27 @@ def _counted(batch: ExperienceBatch) -> tuple[Tensor, Tensor]:
 def _packed(batch: ExperienceBatch) -> _ModelInputs:
     real = batch.attention_mask.bool()
     lengths = real.sum(dim=1)
-    offsets = torch.cumsum(lengths, 0) - lengths
     prompt_lengths = real[:, : batch.prompt_length].sum(dim=1)
-    # Each row's real tokens are contiguous (left-padded prompt, then the response), so the row-major selection is
-    # every sample's prompt + response, one after the other.
-    input_ids = batch.input_ids[real].unsqueeze(0)
-    position_ids = (torch.arange(input_ids.size(1)) - torch.repeat_interleave(offsets, lengths)).unsqueeze(0)
+    # Rows as long as the longest sample: one row of everything would make attention, whose mask spans the whole
+    # row, cost the square of the micro-batch's tokens; rows of the longest never cost more than padding would.
+    rows = by_token_budget(lengths, int(lengths.max()), padded=False)
+    width = max(int(lengths[row].sum()) for row in rows)
+    input_ids = torch.zeros((len(rows), width), dtype=batch.input_ids.dtype)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    starts = torch.zeros(batch.size, dtype=torch.long)
+    for r, row in enumerate(rows):
+        offset = 0
+        for i in row:
+            n = int(lengths[i])
+            # A row's real tokens are contiguous: the left-padded prompt, then the response.
+            input_ids[r, offset : offset + n] = batch.input_ids[i][real[i]]
+            position_ids[r, offset : offset + n] = torch.arange(n)
+            starts[i] = r * width + offset
+            offset += n
+        # The row's unused end is a sequence of its own, which nothing reads and no sample attends to.
+        position_ids[r, offset:] = torch.arange(width - offset)
     sample, column = _counted(batch)
-    predicting = offsets[sample] + prompt_lengths[sample] + column - 1
+    predicting = starts[sample] + prompt_lengths[sample] + column - 1
     return _ModelInputs(input_ids, position_ids, None, predicting, sample, column)
 
 
