@@ -101,8 +101,10 @@ class TrainerHost(ServiceHost):
         reference = None
         if algorithm.beta > 0:
             reference = reference_model(config, self.strategy.device, self.strategy.dtype)
-        settings = UpdateSettings(config.batch.mini_batches, config.batch.micro_batch_samples,
-                                  self.spec.max_new_tokens)
+        batch = config.batch
+        settings = UpdateSettings(batch.mini_batches, batch.micro_batch_samples, self.spec.max_new_tokens,
+                                  max_tokens_per_micro_batch=batch.max_tokens_per_micro_batch,
+                                  logprob_chunk_tokens=batch.logprob_chunk_tokens, packing=batch.packing)
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.broadcaster = None

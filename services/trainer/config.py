@@ -22,6 +22,17 @@ class BatchConfig(Schema):
                                           "whole step, one update)")
     micro_batch_samples: int = Field(16, gt=0, description="samples per forward/backward pass (gradients "
                                      "accumulate over a mini-batch)")
+    max_tokens_per_micro_batch: int | None = Field(
+        None, gt=0, description="cut micro-batches by tokens instead of micro_batch_samples: each holds samples "
+        "whose prompt + response tokens (padded length where sequences are not packed) add up to at most this; a "
+        "longer sample goes alone (null: by micro_batch_samples)")
+    logprob_chunk_tokens: int | None = Field(
+        512, gt=0, description="response positions whose logits exist at once: log-probs and entropy come from the "
+        "last hidden states through the output projection this many positions at a time, in forward and backward "
+        "(null: full logits of every position, the memory of samples x length x vocabulary)")
+    packing: bool = Field(True, description="sequences end to end without padding, position ids restarting per "
+                          "sample (needs logprob_chunk_tokens, and an attention implementation that keeps packed "
+                          "sequences apart: sdpa, eager, flex or flash; otherwise padded, said once in the log)")
     max_new_tokens: int | None = Field(None, gt=0, description="expected run_spec.max_new_tokens (null: the "
                                        "spec's, which the constant loss normalisation and overlong rules use)")
     pull_wait_seconds: float = Field(5.0, gt=0, description="how long one pull waits for groups")

@@ -12,12 +12,13 @@ import torch
 from torch import nn
 
 from zerobubble.trainer.algorithms.advantages import compute_advantages
-from zerobubble.trainer.algorithms.logprobs import token_logprobs_and_entropy
 from zerobubble.trainer.algorithms.losses import LossStats, mini_batch_normaliser, policy_loss
 from zerobubble.trainer.algorithms.overlong import overlong_sample_mask, shape_rewards
 from zerobubble.trainer.algorithms.presets import AlgorithmConfig
 from zerobubble.trainer.collate import ExperienceBatch
 from zerobubble.trainer.figures import FIGURES
+from zerobubble.trainer.micro_batches import plan_micro_batches
+from zerobubble.trainer.sequences import choose_layout, forward_logprobs, sample_tokens
 from zerobubble.trainer.strategies.base import Strategy
 
 
@@ -26,27 +27,37 @@ class UpdateSettings:
     mini_batches: int
     micro_batch_samples: int
     max_new_tokens: int
+    # None: micro-batches of micro_batch_samples; else cut by this many tokens (see trainer/micro_batches.py).
+    max_tokens_per_micro_batch: int | None = None
+    # Positions per chunk of the output projection (None: full logits); packing needs the chunks.
+    logprob_chunk_tokens: int | None = 512
+    packing: bool = True
 
 
-def forward_logprobs(model: nn.Module, batch: ExperienceBatch, *, with_entropy: bool):
-    """Log-probs of the response tokens at each sample's own sampling temperature (and their entropy)."""
-    device = next(model.parameters()).device
-    logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                   position_ids=batch.position_ids.to(device)).logits
-    start = torch.full((batch.size,), batch.prompt_length, device=device)
-    # A greedy sample (temperature 0) was drawn from the raw distribution.
-    temperatures = torch.where(batch.temperatures > 0, batch.temperatures, 1.0).to(device)
-    return token_logprobs_and_entropy(logits, batch.input_ids.to(device), start, batch.response_mask.to(device),
-                                      temperatures, with_entropy=with_entropy)
+class ModelPass:
+    """One model's forward over an experience batch, in the layout it supports (trainer/sequences.py)."""
 
+    def __init__(self, model: nn.Module, settings: UpdateSettings, what: str):
+        self.model = model
+        self.settings = settings
+        self.layout = choose_layout(model, chunk=settings.logprob_chunk_tokens, packing=settings.packing, what=what)
 
-@torch.no_grad()
-def batch_logprobs(model: nn.Module, batch: ExperienceBatch, micro: int) -> torch.Tensor:
-    parts = []
-    for start in range(0, batch.size, micro):
-        parts.append(forward_logprobs(model, batch.select(slice(start, start + micro)), with_entropy=False)
-                     .logprobs.float().cpu())
-    return torch.cat(parts)
+    def micro_batches(self, batch: ExperienceBatch, indices: torch.Tensor,
+                      agree: Callable[[int], int]) -> list[torch.Tensor]:
+        return plan_micro_batches(indices, sample_tokens(batch), samples=self.settings.micro_batch_samples,
+                                  budget=self.settings.max_tokens_per_micro_batch, padded=not self.layout.packed,
+                                  agree=agree)
+
+    def logprobs(self, batch: ExperienceBatch, *, with_entropy: bool):
+        return forward_logprobs(self.model, batch, with_entropy=with_entropy, layout=self.layout)
+
+    @torch.no_grad()
+    def all_logprobs(self, batch: ExperienceBatch, micros: list[torch.Tensor]) -> torch.Tensor:
+        """[N, T] float32 log-probs of the whole batch, without gradients, micro-batch by micro-batch."""
+        out = torch.zeros(batch.response_mask.shape)
+        for micro in micros:
+            out[micro] = self.logprobs(batch.select(micro), with_entropy=False).logprobs.float().cpu()
+        return out
 
 
 def batch_advantages(batch: ExperienceBatch, algo: AlgorithmConfig,
@@ -72,7 +83,8 @@ class PolicyUpdate:
         self.strategy = strategy
         self.algorithm = algorithm
         self.settings = settings
-        self.reference = reference
+        self.policy = ModelPass(strategy.model, settings, "policy")
+        self.reference = None if reference is None else ModelPass(reference, settings, "reference model")
         # Called before every optimizer step: whatever still reads the weights of before it finishes first (the
         # broadcaster's copy of the last published version).
         self.before_step = before_step
@@ -81,12 +93,13 @@ class PolicyUpdate:
         """One step on `batch` with the weights of `policy_version` (the version samples say they came from)."""
         algo, settings, strategy = self.algorithm, self.settings, self.strategy
         rewards, mask, advantages = batch_advantages(batch, algo, settings.max_new_tokens)
-        recomputed_old = self._recompute_old_logprobs(batch, policy_version)
-        ref_logp = batch_logprobs(self.reference, batch, settings.micro_batch_samples) if self.reference else None
+        whole = self.policy.micro_batches(batch, torch.arange(batch.size), self._agree)
+        recomputed_old = self._recompute_old_logprobs(batch, policy_version, whole)
+        ref_logp = self.reference.all_logprobs(batch, whole) if self.reference else None
 
         figures = StepFigures()
         for mini in torch.arange(batch.size).chunk(settings.mini_batches):
-            micros = mini.split(settings.micro_batch_samples)
+            micros = self.policy.micro_batches(batch, mini, self._agree)
             # One denominator for the mini-batch over its micro-batches and the ranks, so accumulation gives the
             # update of one big batch; the reference summed micro-batch losses instead.
             normaliser = mini_batch_normaliser([mask[m].to(strategy.device) for m in micros], algo.aggregation,
@@ -94,7 +107,7 @@ class PolicyUpdate:
                                                sum_over_ranks=strategy.all_reduce_sum)
             for micro in micros:
                 part = batch.select(micro)
-                current = forward_logprobs(strategy.model, part, with_entropy=True)
+                current = self.policy.logprobs(part, with_entropy=True)
                 device = current.logprobs.device
                 old_logp = (current.logprobs.detach() if recomputed_old is None
                             else recomputed_old[micro].to(device))
@@ -115,7 +128,12 @@ class PolicyUpdate:
         out["sample_utilisation"] = float(((advantages * mask).abs().sum(dim=1) > 0).float().mean())
         return out
 
-    def _recompute_old_logprobs(self, batch: ExperienceBatch, policy_version: int) -> torch.Tensor | None:
+    def _agree(self, count: int) -> int:
+        """The most micro-batches any data-parallel rank makes of its share."""
+        return int(self.strategy.all_reduce_max(torch.tensor(count, device=self.strategy.device)))
+
+    def _recompute_old_logprobs(self, batch: ExperienceBatch, policy_version: int,
+                                micros: list[torch.Tensor]) -> torch.Tensor | None:
         """The log-probs of the policy before this step's updates, by a forward of their own; None where each
         micro-batch's training forward gives them (detached) or the loss does not read them."""
         if self.algorithm.off_policy == "behaviour_ratio":
@@ -123,7 +141,7 @@ class PolicyUpdate:
         if self.settings.mini_batches == 1 and self._every_sample_current(batch, policy_version):
             # One update, from the very weights that drew every sample: old = current before the step.
             return None
-        return batch_logprobs(self.strategy.model, batch, self.settings.micro_batch_samples)
+        return self.policy.all_logprobs(batch, micros)
 
     def _every_sample_current(self, batch: ExperienceBatch, policy_version: int) -> bool:
         # Decided over all ranks: with sharded weights the recompute forward is collective.

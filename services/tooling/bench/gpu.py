@@ -52,10 +52,12 @@ SHAPES: dict[str, dict[str, int]] = {
 BYTE_TOKENS = 256  # prompt ids are drawn from the tokenizer's byte tokens, so prompts decode
 
 
-def make_model_dir(out: Path, shape: str, device: torch.device, seed: int = 0) -> Path:
-    """A randomly initialised Qwen2 model of `shape` with the project's tokenizer, saved as HF files."""
+def make_model_dir(out: Path, shape: str, device: torch.device, seed: int = 0, layers: int | None = None) -> Path:
+    """A randomly initialised Qwen2 model of `shape` (with `layers` decoder layers, else the shape's) with the
+    project's tokenizer, saved as HF files."""
     tokenizer = make_tokenizer()
-    config = Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=4096,
+    dims = SHAPES[shape] | ({} if layers is None else {"num_hidden_layers": layers})
+    config = Qwen2Config(**dims, tie_word_embeddings=True, max_position_embeddings=4096,
                          bos_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN), eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, dtype="float32")
     torch.manual_seed(seed)
@@ -122,7 +124,9 @@ def synthetic_groups(groups: int, group_size: int, prompt_tokens: int, response_
 
 
 def bench_gpu_train(*, shape: str = "0.5b", groups: int = 8, group_size: int = 8, prompt_tokens: int = 128,
-                    response_tokens: int = 256, micro_batch_samples: int = 16, steps: int = 5) -> dict[str, Any]:
+                    response_tokens: int = 256, micro_batch_samples: int = 16, steps: int = 5,
+                    logprob_chunk_tokens: int | None = 512, packing: bool = True,
+                    max_tokens_per_micro_batch: int | None = None) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     figures: dict[str, Any] = {"benchmark": "gpu-train", "device": _device_name(device), **gpu_limits(device)}
     with tempfile.TemporaryDirectory(prefix="zerobubble-bench-gpu-") as scratch:
@@ -132,7 +136,9 @@ def bench_gpu_train(*, shape: str = "0.5b", groups: int = 8, group_size: int = 8
             params = sum(p.numel() for p in strategy.model.parameters())
             update = PolicyUpdate(strategy, algorithm_config("GRPO", beta=0.0),
                                   UpdateSettings(mini_batches=1, micro_batch_samples=micro_batch_samples,
-                                                 max_new_tokens=response_tokens))
+                                                 max_new_tokens=response_tokens,
+                                                 max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+                                                 logprob_chunk_tokens=logprob_chunk_tokens, packing=packing))
             batch = collate(synthetic_groups(groups, group_size, prompt_tokens, response_tokens,
                                              SHAPES[shape]["vocab_size"]), pad_id=0)
             torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
@@ -144,7 +150,8 @@ def bench_gpu_train(*, shape: str = "0.5b", groups: int = 8, group_size: int = 8
     flops = 8 * params * tokens  # forward + backward (6) and the log-prob recompute forward (2) per token
     figures.update({
         "shape": shape, "parameters": params, "samples": batch.size, "tokens_per_step": tokens,
-        "micro_batch_samples": micro_batch_samples, "step_seconds": round(step, 4),
+        "micro_batch_samples": micro_batch_samples, "max_tokens_per_micro_batch": max_tokens_per_micro_batch,
+        "logprob_chunk_tokens": logprob_chunk_tokens, "packing": packing, "step_seconds": round(step, 4),
         "step_seconds_spread": [round(min(times), 4), round(max(times), 4)],
         "tokens_per_s": round(tokens / step), "peak_memory_gib": round(peak / 2**30, 2),
         "model_tflops": round(flops / step / 1e12, 3),
@@ -302,9 +309,15 @@ def register_bench(benches) -> None:
     train.add_argument("--response-tokens", type=int, default=256)
     train.add_argument("--micro-batch-samples", type=int, default=16)
     train.add_argument("--steps", type=int, default=5, help="timed steps (after two warm-up steps)")
+    train.add_argument("--logprob-chunk-tokens", type=int, default=512, help="0: full logits of padded rows (the "
+                       "trainer's path before chunked log-probs)")
+    train.add_argument("--no-packing", action="store_true", help="padded rows instead of packed sequences")
+    train.add_argument("--max-tokens-per-micro-batch", type=int, default=None)
     train.set_defaults(measure=lambda a: bench_gpu_train(
         shape=a.shape, groups=a.groups, group_size=a.group_size, prompt_tokens=a.prompt_tokens,
-        response_tokens=a.response_tokens, micro_batch_samples=a.micro_batch_samples, steps=a.steps))
+        response_tokens=a.response_tokens, micro_batch_samples=a.micro_batch_samples, steps=a.steps,
+        logprob_chunk_tokens=a.logprob_chunk_tokens or None, packing=bool(a.logprob_chunk_tokens) and not a.no_packing,
+        max_tokens_per_micro_batch=a.max_tokens_per_micro_batch))
     generate = benches.add_parser("gpu-generate", help="transformers engine tokens/s on a Qwen2-0.5B-shaped model")
     generate.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
     generate.add_argument("--prompts", type=int, default=64)

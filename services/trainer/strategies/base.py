@@ -150,6 +150,13 @@ class Strategy(ABC):
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total
 
+    def all_reduce_max(self, value: Tensor) -> Tensor:
+        """The largest value over data-parallel ranks (a new tensor)."""
+        total = value.detach().clone()
+        if self.world_size > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.MAX)
+        return total
+
     def barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()
