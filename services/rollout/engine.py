@@ -82,12 +82,19 @@ class Sample:
     logprobs: np.ndarray                  # float32 [T]
     finish_reason: str                    # "stop" | "length"
     text: str = ""
+    # int64 [T]: the policy version that drew each token, from engines that take weights mid-sequence; None: the
+    # engine's policy_version when the call returned drew them all.
+    versions: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = np.asarray(self.token_ids, dtype=np.int32)
         self.logprobs = np.asarray(self.logprobs, dtype=np.float32)
         if self.token_ids.shape != self.logprobs.shape or self.token_ids.ndim != 1:
             raise ValueError(f"token_ids {self.token_ids.shape} and logprobs {self.logprobs.shape} must be equal 1-D")
+        if self.versions is not None:
+            self.versions = np.asarray(self.versions, dtype=np.int64)
+            if self.versions.shape != self.token_ids.shape:
+                raise ValueError(f"versions {self.versions.shape} must match token_ids {self.token_ids.shape}")
         if self.finish_reason not in (FINISH_STOP, FINISH_LENGTH):
             raise ValueError(f"finish_reason must be 'stop' or 'length', got {self.finish_reason!r}")
 

@@ -75,7 +75,7 @@ class Prompt(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., epoch: _Optional[int] = ..., messages_json: _Optional[str] = ..., gt_answer: _Optional[str] = ..., test_cases: _Optional[_Union[TestCases, _Mapping]] = ..., data_source: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("response_ids", "behaviour_logprobs", "finish_reason", "reward", "format_ok", "answer_ok", "policy_version", "temperature", "response_text")
+    __slots__ = ("response_ids", "behaviour_logprobs", "finish_reason", "reward", "format_ok", "answer_ok", "policy_version", "temperature", "response_text", "version_spans")
     RESPONSE_IDS_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOUR_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class Trajectory(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TEXT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
     response_ids: Array
     behaviour_logprobs: Array
     finish_reason: FinishReason
@@ -94,7 +95,16 @@ class Trajectory(_message.Message):
     policy_version: int
     temperature: float
     response_text: str
-    def __init__(self, response_ids: _Optional[_Union[Array, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[Array, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., format_ok: bool = ..., answer_ok: bool = ..., policy_version: _Optional[int] = ..., temperature: _Optional[float] = ..., response_text: _Optional[str] = ...) -> None: ...
+    version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
+    def __init__(self, response_ids: _Optional[_Union[Array, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[Array, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., format_ok: bool = ..., answer_ok: bool = ..., policy_version: _Optional[int] = ..., temperature: _Optional[float] = ..., response_text: _Optional[str] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ...) -> None: ...
+
+class VersionSpan(_message.Message):
+    __slots__ = ("start", "version")
+    START_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    version: int
+    def __init__(self, start: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ExperienceGroup(_message.Message):
     __slots__ = ("prompt", "prompt_ids", "trajectories", "producer_id", "sequence", "lease_id", "producer_incarnation")
