@@ -66,7 +66,7 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
     prompt = system_prompt("boxed", config.rollout.get("reward", {}).get("system_prompt"))
     directory = cache / (f"tiny-{tiny.size}-seed{tiny.seed}-warm{tiny.warm_start_steps}"
                          f"-ls{tiny.warm_start_label_smoothing:g}-sys{hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
-                         f"-{train.parent.name}")
+                         f"{f'-filler{tiny.response_filler}' if tiny.response_filler else ''}-{train.parent.name}")
     if (directory / "ready.json").exists():
         return directory
     partial = directory.with_name(directory.name + ".partial")
@@ -80,7 +80,8 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
         log.info("warm start: %d supervised steps on %s", tiny.warm_start_steps, train)
         rows = train if config.train_data is None else _task_rows(config, train, partial / "warm-start.jsonl")
         figures = warm_start(partial, rows, steps=tiny.warm_start_steps, seed=tiny.seed,
-                             label_smoothing=tiny.warm_start_label_smoothing, system_prompt=prompt)
+                             label_smoothing=tiny.warm_start_label_smoothing, system_prompt=prompt,
+                             response_filler=tiny.response_filler)
     (partial / "ready.json").write_text(json.dumps(figures, default=str))
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)

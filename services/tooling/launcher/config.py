@@ -41,6 +41,8 @@ class TinyModel(Schema):
     warm_start_steps: int = Field(300, ge=0, description="supervised steps before RL (0: none)")
     warm_start_label_smoothing: float = Field(
         0.1, ge=0, lt=1, description="label smoothing of the warm start: leaves the model unsure, for RL to sharpen")
+    response_filler: int = Field(0, ge=0, description="warm-start answers start with up to this many dots, lengths "
+                                 "spread as real answers' are: long, uneven responses (`zerobubble bench in-flight`)")
 
     @field_validator("size")
     @classmethod

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerobubble.reward.extraction import extract_boxed
 from zerobubble.reward.math_judge import judge
-from zerobubble.tooling.tiny.task import TaskRow, chat_messages, read_task, target_response
+from zerobubble.tooling.tiny.task import TaskRow, chat_messages, filler_lengths, read_task, target_response
 
 IGNORE_INDEX = -100
 # Measured on the default arithmetic task with the "1m" model (see the report of `zerobubble make-tiny-model`).
@@ -38,16 +38,19 @@ class Example:
     response_ids: list[int]
 
 
-def encode_examples(tokenizer, rows: list[TaskRow], system_prompt: str) -> list[Example]:
-    """Chat-templated prompt (system + user + generation prompt) and the target response with end of turn."""
+def encode_examples(tokenizer, rows: list[TaskRow], system_prompt: str,
+                    fillers: list[int] | None = None) -> list[Example]:
+    """Chat-templated prompt (system + user + generation prompt) and the target response with end of turn, after
+    fillers[i] dots for row i (none when None)."""
+    fillers = fillers or [0] * len(rows)
     return [
         Example(
             prompt_ids=list(tokenizer.apply_chat_template(chat_messages(row, system_prompt), add_generation_prompt=True,
                                                           tokenize=True, return_dict=False)),
-            response_ids=tokenizer(target_response(row.gt_answer), add_special_tokens=False)["input_ids"]
+            response_ids=tokenizer(target_response(row.gt_answer, filler), add_special_tokens=False)["input_ids"]
             + [tokenizer.eos_token_id],
         )
-        for row in rows
+        for row, filler in zip(rows, fillers, strict=True)
     ]
 
 
@@ -75,16 +78,19 @@ def warm_start(
     batch_size: int = 32,
     label_smoothing: float = DEFAULT_LABEL_SMOOTHING,
     system_prompt: str,
+    response_filler: int = 0,
     report_seconds: float = 10.0,
 ) -> dict:
     """Fine-tune the model in model_dir on the task's targets for `steps` AdamW steps; save it in place.
 
     system_prompt: the one the rollout workers will send (empty: none), so the warm start sees their prompts.
+    response_filler: targets start with up to this many dots (task.filler_lengths): long, uneven responses.
     A line is logged after the first step and then every `report_seconds` (it takes minutes on a CPU)."""
     model_dir = Path(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    examples = encode_examples(tokenizer, read_task(train_jsonl), system_prompt)
+    rows = read_task(train_jsonl)
+    examples = encode_examples(tokenizer, rows, system_prompt, filler_lengths(len(rows), response_filler, seed))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     # Short runs end far lower when the rate warms up briefly and then decays to a tenth.
     warmup = max(1, steps // 10)
