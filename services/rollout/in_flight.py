@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from zerobubble.common.config import ConfigError
 
@@ -33,7 +34,8 @@ class WeightUpdatePolicy:
         self._engine = engine
         self._receiver = receiver
         self._on_load = on_load
-        if mode == "in_flight" and receiver is not None:
+        self._in_flight = mode == "in_flight" and receiver is not None
+        if self._in_flight:
             engine.between_steps = self._take
 
     def _take(self) -> None:
@@ -45,3 +47,15 @@ class WeightUpdatePolicy:
         run takes them only between batches."""
         if self.mode != "between_batches" and self._receiver is not None:
             self._take()
+
+    @contextmanager
+    def one_version(self) -> Iterator[None]:
+        """For generation that must see one version throughout (an evaluation scores the weights it names)."""
+        if not self._in_flight:
+            yield
+            return
+        self._engine.between_steps = None
+        try:
+            yield
+        finally:
+            self._engine.between_steps = self._take

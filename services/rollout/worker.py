@@ -143,7 +143,7 @@ class RolloutWorker:
                 if self.receiver.apply_to(self.engine):
                     self._loaded()
         if self.evaluator is not None:
-            with self.engine_lock:
+            with self.engine_lock, self.weight_updates.one_version():
                 self.evaluator.maybe_run(self.engine)
 
     def _loaded(self) -> None:

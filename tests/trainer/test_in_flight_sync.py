@@ -58,15 +58,25 @@ def test_a_version_broadcast_mid_generation_is_taken_at_the_next_step(model_dir,
         take()
 
     engine.between_steps = publish_then_take
-    eos = engine.tokenizer.eos_token_id
-    # No EOS: every response runs to max_new_tokens, so each spans the swap.
-    engine._eos_ids = torch.tensor([eos], dtype=torch.long)
     sampling = SamplingSettings(n=2, temperature=1.0, max_new_tokens=12, seed=0)
     samples = [s for group in engine.generate([[5, 6, 7]], sampling) for s in group if len(s.token_ids) == 12]
     assert samples, "every response stopped early: the test would check nothing"
     assert taken == [1]
     for sample in samples:
         np.testing.assert_array_equal(sample.versions, [0] * PUBLISH_AT + [1] * (12 - PUBLISH_AT))
+
+
+def test_an_evaluation_sees_one_version_even_in_flight(model_dir, synced):
+    trainer, receiver = synced
+    engine = TransformersEngine(model_dir, seed=0)
+    policy = WeightUpdatePolicy("in_flight", engine, receiver, on_load=lambda: None)
+    trainer.broadcaster.publish(new_weights(model_dir), version=1)
+    assert receiver.wait_for(1, timeout=60)
+    with policy.one_version():
+        samples = engine.generate([[5, 6, 7]], SamplingSettings(n=2, temperature=1.0, max_new_tokens=6, seed=0))
+    assert engine.policy_version == 0 and all((s.versions == 0).all() for s in samples[0])
+    engine.generate([[5, 6, 7]], SamplingSettings(n=1, temperature=1.0, max_new_tokens=2, seed=0))
+    assert engine.policy_version == 1, "in flight again after the evaluation"
 
 
 def test_between_batches_leaves_the_decode_loop_alone_and_between_turns_takes_weights_at_turns(model_dir, synced):
