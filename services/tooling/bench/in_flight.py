@@ -49,7 +49,7 @@ def starting_pass_at_1(config: UpConfig, model: Path, held_out: Path, scratch: P
 
 
 def bench_in_flight(*, prompts: int = 64, epochs: int = 1, max_new_tokens: int = 256, filler: int | None = None,
-                    max_staleness: int = 2, groups_per_step: int | None = None,
+                    max_staleness: int = 2, groups_per_step: int | None = None, prompts_per_batch: int | None = None,
                     warm_start_steps: int | None = None, eval_samples: int = 4,
                     modes: tuple[str, ...] = MODES, cache: Path = Path("runs/.assets"),
                     workdir: Path | None = None) -> dict[str, Any]:
@@ -65,6 +65,8 @@ def bench_in_flight(*, prompts: int = 64, epochs: int = 1, max_new_tokens: int =
         overrides["tiny_model.warm_start_steps"] = warm_start_steps
     if groups_per_step is not None:
         overrides["trainer.batch.groups_per_step"] = groups_per_step
+    if prompts_per_batch is not None:
+        overrides["rollout.generation.prompts_per_batch"] = prompts_per_batch
     figures: dict[str, Any] = {"benchmark": "in-flight", "prompts": prompts, "epochs": epochs,
                                "max_new_tokens": max_new_tokens, "response_filler": filler,
                                "max_staleness": max_staleness}
@@ -118,6 +120,8 @@ def register_bench(benches) -> None:
     parser.add_argument("--filler", type=int, help="longest filler before the answer (default: max-new-tokens - 24)")
     parser.add_argument("--max-staleness", type=int, default=2, help="run.max_staleness of every mode")
     parser.add_argument("--groups-per-step", type=int, help="groups per training step (default: the demo's)")
+    parser.add_argument("--prompts-per-batch", type=int, help="prompts a worker generates together (default: the "
+                        "demo's)")
     parser.add_argument("--warm-start-steps", type=int, help="supervised steps of the tiny model (default: the demo's)")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt for pass@1")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes to run")
@@ -128,5 +132,6 @@ def register_bench(benches) -> None:
     parser.set_defaults(measure=lambda args: bench_in_flight(
         prompts=args.prompts, epochs=args.epochs, max_new_tokens=args.max_new_tokens, filler=args.filler,
         max_staleness=args.max_staleness, groups_per_step=args.groups_per_step,
+        prompts_per_batch=args.prompts_per_batch,
         warm_start_steps=args.warm_start_steps, eval_samples=args.eval_samples,
         modes=tuple(args.modes.split(",")), cache=args.cache, workdir=args.workdir))
