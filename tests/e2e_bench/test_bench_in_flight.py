@@ -11,7 +11,8 @@ PROMPTS = 12
 GROUPS_PER_STEP = 2
 
 
-def test_bench_in_flight_runs_every_mode_beside_between_batches(tmp_path):
+def test_bench_in_flight_runs_every_mode_beside_between_batches(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     parser = argparse.ArgumentParser()
     register_bench(parser.add_subparsers(dest="what"))
     args = parser.parse_args(["in-flight", "--prompts", str(PROMPTS), "--max-new-tokens", "24", "--filler", "16",
@@ -32,3 +33,4 @@ def test_bench_in_flight_runs_every_mode_beside_between_batches(tmp_path):
             versus = figures[f"{mode}_vs_{BASELINE}"]
             assert versus["samples_per_s"] == round(run["samples_per_s"] / figures[BASELINE]["samples_per_s"], 3)
             assert versus["stale_dropped"] == [run["stale_dropped"], figures[BASELINE]["stale_dropped"]]
+    assert not (tmp_path / "eval").exists(), "the evaluations are written into the runs' folders"

@@ -88,8 +88,10 @@ def bench_in_flight(*, prompts: int = 64, epochs: int = 1, max_new_tokens: int =
         start = starting_pass_at_1(base, made.model, made.eval, scratch)
         figures["held_out_pass@1_at_start"] = round(start, 4)
         for mode in modes:
-            config = load_config(UpConfig, DEMO_CONFIG, {**overrides, "run_dir": str(scratch / mode),
-                                                         "run.weight_updates": mode})
+            config = load_config(UpConfig, DEMO_CONFIG, {
+                **overrides, "run_dir": str(scratch / mode), "run.weight_updates": mode,
+                # The run has no eval set of its own, so the launcher leaves the evaluation's folder unset.
+                "rollout.eval.output_dir": str(scratch / mode / "eval")})
             result = run_mode(config, assets, held_out=made.eval)
             minutes = result["training_seconds"] / 60
             result["learning_per_minute"] = round((result["held_out_pass@1"] - start) / minutes, 4)
