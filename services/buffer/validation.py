@@ -15,6 +15,7 @@ from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.codec import decode_array
 from zerobubble.common.errors import InvalidInput, TooLarge
 from zerobubble.common.names import check_name
+from zerobubble.common.token_versions import check_spans
 from zerobubble.v1 import common_pb2
 
 FINISH_REASONS = {common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH}
@@ -117,6 +118,7 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
                                field=f"{where}.policy_version")
         if trajectory.HasField("loss_mask"):
             _check_loss_mask(trajectory.loss_mask, len(tokens), where)
+        check_spans(trajectory.version_spans, len(tokens), trajectory.policy_version, newest, where)
         responses.append(tokens)
         logprobs.append(behaviour)
     _check_all(responses, "response_ids", lambda ids: _ids_problem(ids, spec.model.vocab_size))

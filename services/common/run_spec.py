@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -64,6 +64,9 @@ class RunSpec(VerifierRouting):
     max_staleness: int | None = Field(None, ge=0, description="groups more than this many versions behind the "
                                       "weights that would train them are dropped, and workers wait for newer "
                                       "weights instead of making them (0: strictly on-policy; null: unbounded)")
+    weight_updates: Literal["between_batches", "between_turns", "in_flight"] = Field(
+        "between_batches", description="when rollout workers take new weights: between generate calls, also between "
+        "the turns of an episode, or also between decode steps (tokens then carry the version that drew them)")
     filter_range: tuple[float, float] | None = Field(
         None, description="dynamic sampling: keep groups whose mean answer accuracy is in [low, high]; default: "
         "the algorithm preset's (DAPO: [0.01, 0.99])")

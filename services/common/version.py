@@ -21,6 +21,17 @@ def staleness(group_version: int, consuming_version: int) -> int:
     return consuming_version - group_version
 
 
+def token_staleness(token_versions, consuming_version: int):
+    """Staleness of each token (an array or tensor of per-token versions, common/token_versions.py).
+
+    A trajectory whose engine took new weights mid-sequence has tokens of several versions. The metrics read the
+    token-weighted mean of these: the loss is a sum over tokens, so that mean is how far behind the update's data
+    is. The buffer's bound reads the oldest token instead (`policy_version`, the min): the importance weight of
+    each token grows with its own staleness, and a bound on a mean would let a long old prefix through behind a
+    few fresh tokens."""
+    return consuming_version - token_versions
+
+
 def is_stale(group_version: int, consuming_version: int, max_staleness: int | None) -> bool:
     """Whether the run's staleness bound drops the group (null: no bound)."""
     return max_staleness is not None and staleness(group_version, consuming_version) > max_staleness

@@ -15,6 +15,7 @@ from zerobubble.rollout.engine_factory import make_engine
 from zerobubble.rollout.episodes.play import make_player
 from zerobubble.rollout.evaluation import Evaluator
 from zerobubble.rollout.generate import GenerateCalls
+from zerobubble.rollout.in_flight import check_engine
 from zerobubble.rollout.metrics import RolloutMetrics
 from zerobubble.rollout.servicer import RolloutServicer
 from zerobubble.rollout.worker import RolloutWorker
@@ -38,15 +39,22 @@ class RolloutHost(ServiceHost):
         except BaseException:
             self.buffer.close()
             raise
-        super().__init__("rollout", config.server)
         model = config.model
+        try:
+            check_engine(self.spec.weight_updates, model.engine)
+        except BaseException:
+            self.buffer.close()
+            raise
+        super().__init__("rollout", config.server)
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         device = model.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        options = ({"prefix_on_new_weights": config.generation.prefix_on_new_weights}
+                   if model.engine == "transformers" else {})
         self.engine = make_engine(model.engine, model.path, device=device, dtype=model.dtype,
-                                  seed=config.generation.seed)
+                                  seed=config.generation.seed, **options)
         metrics = RolloutMetrics(self.registry)
         metrics.policy_version.set(self.engine.policy_version)
         self.reward = RewardClient(config.reward_service, retries=False)

@@ -85,6 +85,9 @@ class Sample:
     logprobs: np.ndarray                  # float32 [T]; 0 where loss_mask is 0
     finish_reason: str                    # "stop" | "length"
     text: str = ""                        # of an episode: its last assistant turn, which a verifier judges
+    # int64 [T]: the policy version that drew each token, from engines that take weights mid-sequence; None: the
+    # engine's policy_version when the call returned drew them all.
+    versions: np.ndarray | None = None
     loss_mask: np.ndarray | None = None   # uint8 [T]: 1 where the model sampled; None: everywhere
     episode: EpisodeRecord | None = None
 
@@ -95,6 +98,10 @@ class Sample:
             raise ValueError(f"token_ids {self.token_ids.shape} and logprobs {self.logprobs.shape} must be equal 1-D")
         if self.loss_mask is not None and self.loss_mask.shape != self.token_ids.shape:
             raise ValueError(f"loss_mask {self.loss_mask.shape} and token_ids {self.token_ids.shape} must be equal")
+        if self.versions is not None:
+            self.versions = np.asarray(self.versions, dtype=np.int64)
+            if self.versions.shape != self.token_ids.shape:
+                raise ValueError(f"versions {self.versions.shape} must match token_ids {self.token_ids.shape}")
         if self.finish_reason not in (FINISH_STOP, FINISH_LENGTH):
             raise ValueError(f"finish_reason must be 'stop' or 'length', got {self.finish_reason!r}")
 

@@ -7,7 +7,8 @@ exact distribution each token was drawn from (see the conventions in engine.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -76,13 +77,21 @@ class TransformersEngine:
     name = "transformers"
 
     def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "auto",
-                 seed: int = 0, max_batch_size: int | None = None):
+                 seed: int = 0, max_batch_size: int | None = None, prefix_on_new_weights: str = "keep"):
         """`model_dir` is an HF model folder, or a peft adapter folder (a LoRA checkpoint): its base with the
         adapter merged."""
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.policy_version = 0
         self.max_batch_size = max_batch_size
+        # Held by each decode step and by every weight load (services/rollout/in_flight.py says who loads when).
+        self._step_lock = threading.RLock()
+        # Called by the generating thread at every decode-step boundary (in flight: the weight receiver's
+        # apply_to); None: weights change only between generate calls.
+        self.between_steps: Callable[[], object] | None = None
+        # After new weights mid-sequence: "keep" the prefix's KV cache (the old weights' keys and values) or
+        # "recompute" it with the new ones (one prefill of the sequence so far).
+        self.prefix_on_new_weights: str = prefix_on_new_weights
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         adapter = read_peft_adapter(model_dir) if is_peft_adapter(model_dir) else None
         base_dir = adapter[0] if adapter else model_dir
@@ -140,33 +149,52 @@ class TransformersEngine:
     def _generate_rows(self, rows: list[list[int]], sampling: SamplingSettings,
                        generator: torch.Generator) -> list[Sample]:
         batch, width, steps = len(rows), max(len(row) for row in rows), sampling.max_new_tokens
-        input_ids = torch.full((batch, width), self._pad_id, dtype=torch.long)
+        prompt_ids = torch.full((batch, width), self._pad_id, dtype=torch.long)
         mask = torch.zeros((batch, width), dtype=torch.long)
         for i, row in enumerate(rows):
-            input_ids[i, width - len(row):] = torch.tensor(row)
+            prompt_ids[i, width - len(row):] = torch.tensor(row)
             mask[i, width - len(row):] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=1)
-        next_position = positions[:, -1:] + 1
+        prompt_ids, mask = prompt_ids.to(self.device), mask.to(self.device)
 
         # One column per step, so memory follows the tokens produced, never max_new_tokens.
         token_steps: list[np.ndarray] = []
         logprob_steps: list[np.ndarray] = []
+        version_steps: list[int] = []
+        generated: list[torch.Tensor] = []
         lengths = np.zeros(batch, dtype=np.int64)
         stopped = np.zeros(batch, dtype=bool)
         watch = StopStringWatch(self.tokenizer, sampling.stop) if sampling.stop else None
+        out, cache_version, next_position = None, None, None
         for step in range(steps):
-            logp = processed_logprobs(out.logits[:, -1, :], sampling)
-            if sampling.greedy:
-                token = logp.argmax(dim=-1)
-            else:
-                token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            if step and self.between_steps is not None:
+                self.between_steps()
+            # A decode step (its forward and the draw from its logits) runs whole under the lock that loads take:
+            # new weights land between steps, never inside one.
+            with self._step_lock:
+                version = self.policy_version
+                if out is None or (version != cache_version and self.prefix_on_new_weights == "recompute"):
+                    ids = torch.cat([prompt_ids, *(t[:, None] for t in generated)], dim=1)
+                    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                    out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                     logits_to_keep=1)
+                    next_position = positions[:, -1:] + 1
+                else:
+                    out = self.model(input_ids=generated[-1][:, None], attention_mask=mask,
+                                     position_ids=next_position, past_key_values=out.past_key_values,
+                                     use_cache=True)
+                    next_position = next_position + 1
+                cache_version = version
+                logp = processed_logprobs(out.logits[:, -1, :], sampling)
+                if sampling.greedy:
+                    token = logp.argmax(dim=-1)
+                else:
+                    token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             chosen = logp.gather(-1, token[:, None]).squeeze(-1)
             is_eos = torch.isin(token, self._eos_ids)
+            generated.append(token)
             token_steps.append(token.cpu().numpy().astype(np.int32))
             logprob_steps.append(chosen.cpu().numpy())
+            version_steps.append(version)
             ends = ~stopped & is_eos.cpu().numpy()
             if watch is not None:
                 live = np.flatnonzero(~stopped & ~ends)
@@ -176,10 +204,8 @@ class TransformersEngine:
             if stopped.all() or step == steps - 1:
                 break
             mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
-            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position,
-                             past_key_values=out.past_key_values, use_cache=True)
-            next_position = next_position + 1
         tokens, logprobs = np.stack(token_steps, axis=1), np.stack(logprob_steps, axis=1)
+        versions = np.asarray(version_steps, dtype=np.int64)
         lengths[~stopped] = len(token_steps)
 
         samples = []
@@ -189,7 +215,8 @@ class TransformersEngine:
             if watch is not None and stopped[i]:
                 text = watch.cut(text)
             samples.append(Sample(token_ids=ids, logprobs=logprobs[i, :lengths[i]],
-                                  finish_reason=FINISH_STOP if stopped[i] else FINISH_LENGTH, text=text))
+                                  finish_reason=FINISH_STOP if stopped[i] else FINISH_LENGTH, text=text,
+                                  versions=versions[:lengths[i]]))
         return samples
 
     @torch.no_grad()
@@ -203,11 +230,13 @@ class TransformersEngine:
                 weights = self._adapters.merged(weights)
             except ValueError as exc:
                 raise WeightLoadError(str(exc)) from None
-        for _, target, tensor in self._spec.check_all(weights):
-            self._params[target].data.copy_(tensor)
-        if not adapter:
-            self._adapters.forget()
-        self.policy_version = version
+        checked = self._spec.check_all(weights)
+        with self._step_lock:
+            for _, target, tensor in checked:
+                self._params[target].data.copy_(tensor)
+            if not adapter:
+                self._adapters.forget()
+            self.policy_version = version
 
     def close(self) -> None:
         self.model = None

@@ -8,6 +8,7 @@ import numpy as np
 
 from zerobubble.common.clients.reward import score_request
 from zerobubble.common.codec import encode_array
+from zerobubble.common.token_versions import version_spans
 from zerobubble.rollout.engine import Sample
 from zerobubble.v1 import common_pb2, reward_pb2
 
@@ -39,7 +40,7 @@ def experience_group(
     samples: Sequence[Sample],
     scores: Sequence[reward_pb2.ScoreResult],
     *,
-    policy_version: int,
+    policy_version: int,  # of the samples that carry no per-token versions
     temperature: float,
     producer_id: str,
     producer_incarnation: str,
@@ -51,12 +52,13 @@ def experience_group(
         producer_id=producer_id, producer_incarnation=producer_incarnation, sequence=sequence, lease_id=lease_id,
     )
     for sample, score in zip(samples, scores, strict=True):
+        oldest, spans = (policy_version, []) if sample.versions is None else version_spans(sample.versions)
         trajectory = common_pb2.Trajectory(
             response_ids=encode_array(sample.token_ids.astype(np.int32, copy=False)),
             behaviour_logprobs=encode_array(sample.logprobs.astype(np.float32, copy=False)),
             finish_reason=FINISH_REASONS[sample.finish_reason],
             reward=score.reward, format_ok=score.format_ok, answer_ok=score.answer_ok,
-            policy_version=policy_version, temperature=temperature, response_text=sample.text,
+            policy_version=oldest, temperature=temperature, response_text=sample.text, version_spans=spans,
         )
         if sample.loss_mask is not None:
             trajectory.loss_mask.CopyFrom(encode_array(sample.loss_mask.astype(np.uint8, copy=False)))

@@ -25,6 +25,7 @@ from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
 from zerobubble.rollout.episodes.play import Player
 from zerobubble.rollout.experience import experience_group
+from zerobubble.rollout.in_flight import WeightUpdatePolicy
 from zerobubble.rollout.metrics import RolloutMetrics
 from zerobubble.v1 import buffer_pb2, common_pb2
 
@@ -71,6 +72,7 @@ class RolloutWorker:
         self._sequence = 0
         self._batches = 0
         self._scoring: queue.Queue[GeneratedBatch | None] = queue.Queue(maxsize=1)
+        self.weight_updates = WeightUpdatePolicy(spec.weight_updates, engine, receiver, self._loaded)
 
     # -- control ---------------------------------------------------------------------------------
     def pause(self) -> None:
@@ -139,11 +141,14 @@ class RolloutWorker:
         if self.receiver is not None:
             with self.engine_lock:
                 if self.receiver.apply_to(self.engine):
-                    self.metrics.policy_version.set(self.engine.policy_version)
-                    log.info("loaded weights of policy version %d", self.engine.policy_version)
+                    self._loaded()
         if self.evaluator is not None:
-            with self.engine_lock:
+            with self.engine_lock, self.weight_updates.one_version():
                 self.evaluator.maybe_run(self.engine)
+
+    def _loaded(self) -> None:
+        self.metrics.policy_version.set(self.engine.policy_version)
+        log.info("loaded weights of policy version %d", self.engine.policy_version)
 
     def _catch_up(self, consuming_version: int) -> None:
         """Wait until the engine's weights are fresh enough for the run's staleness bound."""
@@ -167,7 +172,8 @@ class RolloutWorker:
         self._batches += 1
         started = time.monotonic()
         with self.engine_lock:
-            prompt_ids, samples = self.player.play(self.engine, list(lease.prompts), sampling)
+            prompt_ids, samples = self.player.play(self.engine, list(lease.prompts), sampling,
+                                                   at_turn=self.weight_updates.at_turn)
             version = self.engine.policy_version
         seconds = time.monotonic() - started
         tokens = sum(len(s.token_ids) for group in samples for s in group)

@@ -106,6 +106,7 @@ BENCHES = {
     "rollout": ("bench.rollout", "engine tokens/s vs a rollout worker's end to end"),
     "pipeline": ("bench.pipeline", "the demo pipeline on-policy vs asynchronous"),
     "train": ("bench.train", "trainer step at a real vocabulary: today's full logits vs chunked, packed, by tokens"),
+    "in-flight": ("bench.in_flight", "run.weight_updates modes vs between batches on long generations"),
     "gpu-train": ("bench.gpu", "trainer step on a Qwen2-0.5B-shaped model vs the GPU's peak"),
     "gpu-generate": ("bench.gpu", "transformers engine tokens/s on a Qwen2-0.5B-shaped model"),
     "gpu-sync": ("bench.gpu", "weight sync trainer -> rollout on one GPU"),

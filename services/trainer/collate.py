@@ -16,6 +16,7 @@ import torch
 
 from zerobubble.common.codec import decode_array
 from zerobubble.common.errors import InvalidInput
+from zerobubble.common.token_versions import per_token
 from zerobubble.v1 import common_pb2
 
 
@@ -33,7 +34,8 @@ class ExperienceBatch:
     format_ok: torch.Tensor           # [N] bool
     truncated: torch.Tensor           # [N] bool: stopped by max_new_tokens
     temperatures: torch.Tensor        # [N] float32: each sample's sampling temperature
-    versions: torch.Tensor            # [N] long: policy version that generated each sample
+    versions: torch.Tensor            # [N] long: the oldest policy version among each sample's tokens
+    token_versions: torch.Tensor      # [N, T] long: the version that drew each token (padding: the sample's)
     group_size: int                   # G: samples i*G..(i+1)*G-1 answer the same prompt
     prompt_length: int                # P
 
@@ -99,7 +101,7 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
     sizes = {len(g.trajectories) for g in groups}
     if len(sizes) != 1:
         raise ValueError(f"groups of one step must have the same number of trajectories, got {sorted(sizes)}")
-    prompts, responses, behaviour, masks = [], [], [], []
+    prompts, responses, behaviour, masks, drawn_by = [], [], [], [], []
     for g_index, group in enumerate(groups):
         prompt = torch.tensor(decode_array(group.prompt_ids, f"groups[{g_index}].prompt_ids", ndim=1))
         for t_index, trajectory in enumerate(group.trajectories):
@@ -109,6 +111,7 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
             behaviour.append(torch.from_numpy(
                 decode_array(trajectory.behaviour_logprobs, f"{where}.behaviour_logprobs", ndim=1)))
             masks.append(loss_mask(trajectory, where))
+            drawn_by.append(torch.from_numpy(per_token(trajectory, len(responses[-1]))))
     n = len(responses)
     p_len = max(len(p) for p in prompts)
     t_len = max(len(r) for r in responses)
@@ -116,13 +119,16 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
     attention_mask = torch.zeros((n, p_len + t_len), dtype=torch.long)
     response_mask = torch.zeros((n, t_len))
     behaviour_logprobs = torch.zeros((n, t_len))
+    trajectories = [t for g in groups for t in g.trajectories]
+    versions = torch.tensor([t.policy_version for t in trajectories], dtype=torch.long)
+    token_versions = versions[:, None].repeat(1, t_len)
     for i, (prompt, response, logprobs, mask) in enumerate(zip(prompts, responses, behaviour, masks, strict=True)):
         input_ids[i, p_len - len(prompt):p_len] = prompt
         input_ids[i, p_len:p_len + len(response)] = response
         attention_mask[i, p_len - len(prompt):p_len + len(response)] = 1
         response_mask[i, :len(response)] = 1 if mask is None else mask
         behaviour_logprobs[i, :len(logprobs)] = logprobs
-    trajectories = [t for g in groups for t in g.trajectories]
+        token_versions[i, :len(response)] = drawn_by[i]
     return ExperienceBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -135,7 +141,8 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
         format_ok=torch.tensor([t.format_ok for t in trajectories]),
         truncated=torch.tensor([t.finish_reason == common_pb2.FINISH_REASON_LENGTH for t in trajectories]),
         temperatures=torch.tensor([t.temperature for t in trajectories], dtype=torch.float32),
-        versions=torch.tensor([t.policy_version for t in trajectories], dtype=torch.long),
+        versions=versions,
+        token_versions=token_versions,
         group_size=sizes.pop(),
         prompt_length=p_len,
     )

@@ -57,6 +57,8 @@ FIGURES: tuple[Figure, ...] = (
            dashboard="pipeline"),
     Figure("staleness_max", "most policy versions between generating a sample and training on it", ranks="max",
            dashboard="pipeline"),
+    Figure("staleness_token_mean", "token-weighted mean policy versions between drawing a token and training on "
+           "it (below staleness_mean when workers take weights mid-sequence)", dashboard="pipeline"),
     Figure("samples", "samples trained on", ranks="sum", gauge=False),
     Figure("tokens", "prompt and response tokens trained on", ranks="sum", gauge=False),
     # Timing, measured by rank 0 after the ranks' figures are combined (services/trainer/loop.py, _train).

@@ -31,7 +31,7 @@ from transformers import AutoConfig
 from zerobubble.common.clients.buffer import BufferClient, PullResult
 from zerobubble.common.errors import Unavailable
 from zerobubble.common.persistence import Stopped, until_done
-from zerobubble.common.version import next_version, staleness
+from zerobubble.common.version import next_version, staleness, token_staleness
 from zerobubble.trainer.checkpoints import Checkpoints, TrainerState
 from zerobubble.trainer.collate import ExperienceBatch, collate, unusable
 from zerobubble.trainer.config import TrainerServiceConfig
@@ -53,6 +53,7 @@ def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str,
     """What the step trained on: accuracy, lengths, truncation, and how stale the samples were."""
     lengths = batch.response_lengths.float()
     behind = staleness(batch.versions, policy_version).float()
+    tokens_behind = token_staleness(batch.token_versions, policy_version).float()
     return {
         "answer_accuracy": float(batch.answer_ok.float().mean()),
         "format_accuracy": float(batch.format_ok.float().mean()),
@@ -61,6 +62,7 @@ def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str,
         "truncation_rate": float(batch.truncated.float().mean()),
         "staleness_mean": float(behind.mean()),
         "staleness_max": float(behind.max()),
+        "staleness_token_mean": float((tokens_behind * batch.response_mask).sum() / batch.response_mask.sum()),
         "samples": float(batch.size),
         "tokens": float(batch.attention_mask.sum()),
     }

@@ -152,3 +152,24 @@ def test_an_opening_and_tools_reach_the_prompt(engine):
     environments = ScriptedEnvironments([StepOutcome(None, done=True)], opening=" Use calc.", tools=tools)
     _, prompt_ids, _ = play(engine, environments, n=1, count=1)
     assert "0+1= Use calc." in engine.tokenizer.decode(prompt_ids[0])
+
+
+def test_weights_taken_between_turns_are_the_versions_of_the_later_turns_tokens(engine):
+    spec = EpisodeSpec(default=ROUTE, max_turn_tokens=8)
+    recording = Recording(engine)
+    driver = EpisodeDriver(ScriptedEnvironments([StepOutcome("obs!"), StepOutcome(None, done=True)]),
+                           TurnRenderer(engine.tokenizer, 256), spec, max_new_tokens=96)
+
+    def new_weights():   # as a weight load tags the engine's later samples
+        recording.engine.policy_version += 1
+        recording.policy_version = recording.engine.policy_version
+
+    _, samples = driver.play(recording, prompts(engine, 1), SamplingSettings(n=2, temperature=1.0, max_new_tokens=8,
+                                                                             seed=3), at_turn=new_weights)
+    first_turn = len(recording.calls[0][2][0][0].token_ids)
+    recording.engine.policy_version = 0
+    for sample in samples[0]:
+        second_start = len(sample.token_ids) - int(sample.loss_mask[::-1].argmin())
+        # The first turn and the observation after it: version 0; the turn after the new weights: version 1.
+        assert sample.versions.tolist() == [0] * second_start + [1] * (len(sample.token_ids) - second_start)
+        assert sample.loss_mask[:first_turn].all()

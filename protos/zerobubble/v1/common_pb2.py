@@ -14,17 +14,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1azerobubble/v1/common.proto\x12\rzerobubble.v1\"I\n\x05\x41rray\x12#\n\x05\x64type\x18\x01 \x01(\x0e\x32\x14.zerobubble.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\",\n\tTestCases\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\x0f\n\x07outputs\x18\x02 \x03(\t\"\xc0\x01\n\x06Prompt\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x15\n\rmessages_json\x18\x03 \x01(\t\x12\x13\n\tgt_answer\x18\x04 \x01(\tH\x00\x12.\n\ntest_cases\x18\x05 \x01(\x0b\x32\x18.zerobubble.v1.TestCasesH\x00\x12\x18\n\x0b\x64\x61ta_source\x18\x06 \x01(\tH\x01\x88\x01\x01\x42\x0e\n\x0cground_truthB\x0e\n\x0c_data_source\"\xee\x02\n\nTrajectory\x12*\n\x0cresponse_ids\x18\x01 \x01(\x0b\x32\x14.zerobubble.v1.Array\x12\x30\n\x12\x62\x65haviour_logprobs\x18\x02 \x01(\x0b\x32\x14.zerobubble.v1.Array\x12\x32\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1b.zerobubble.v1.FinishReason\x12\x0e\n\x06reward\x18\x04 \x01(\x02\x12\x11\n\tformat_ok\x18\x05 \x01(\x08\x12\x11\n\tanswer_ok\x18\x06 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x03\x12\x13\n\x0btemperature\x18\x08 \x01(\x02\x12\x15\n\rresponse_text\x18\t \x01(\t\x12\'\n\tloss_mask\x18\n \x01(\x0b\x32\x14.zerobubble.v1.Array\x12+\n\x07\x65pisode\x18\r \x01(\x0b\x32\x1a.zerobubble.v1.EpisodeInfo\"q\n\x0b\x45pisodeInfo\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\r\n\x05turns\x18\x02 \x01(\x05\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\x12\x14\n\x0cstep_rewards\x18\x04 \x03(\x02\x12\x14\n\x0c\x65nded_reason\x18\x05 \x01(\t\"\xea\x01\n\x0f\x45xperienceGroup\x12%\n\x06prompt\x18\x01 \x01(\x0b\x32\x15.zerobubble.v1.Prompt\x12(\n\nprompt_ids\x18\x02 \x01(\x0b\x32\x14.zerobubble.v1.Array\x12/\n\x0ctrajectories\x18\x03 \x03(\x0b\x32\x19.zerobubble.v1.Trajectory\x12\x13\n\x0bproducer_id\x18\x04 \x01(\t\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x10\n\x08lease_id\x18\x06 \x01(\t\x12\x1c\n\x14producer_incarnation\x18\x07 \x01(\t*\xcf\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0e\n\nDTYPE_BOOL\x10\x01\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x02\x12\x0e\n\nDTYPE_INT8\x10\x03\x12\x0f\n\x0b\x44TYPE_INT16\x10\x04\x12\x0f\n\x0b\x44TYPE_INT32\x10\x05\x12\x0f\n\x0b\x44TYPE_INT64\x10\x06\x12\x11\n\rDTYPE_FLOAT16\x10\x07\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x08\x12\x11\n\rDTYPE_FLOAT32\x10\t\x12\x11\n\rDTYPE_FLOAT64\x10\n*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1azerobubble/v1/common.proto\x12\rzerobubble.v1\"I\n\x05\x41rray\x12#\n\x05\x64type\x18\x01 \x01(\x0e\x32\x14.zerobubble.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\",\n\tTestCases\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\x0f\n\x07outputs\x18\x02 \x03(\t\"\xc0\x01\n\x06Prompt\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x15\n\rmessages_json\x18\x03 \x01(\t\x12\x13\n\tgt_answer\x18\x04 \x01(\tH\x00\x12.\n\ntest_cases\x18\x05 \x01(\x0b\x32\x18.zerobubble.v1.TestCasesH\x00\x12\x18\n\x0b\x64\x61ta_source\x18\x06 \x01(\tH\x01\x88\x01\x01\x42\x0e\n\x0cground_truthB\x0e\n\x0c_data_source\"\xa1\x03\n\nTrajectory\x12*\n\x0cresponse_ids\x18\x01 \x01(\x0b\x32\x14.zerobubble.v1.Array\x12\x30\n\x12\x62\x65haviour_logprobs\x18\x02 \x01(\x0b\x32\x14.zerobubble.v1.Array\x12\x32\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1b.zerobubble.v1.FinishReason\x12\x0e\n\x06reward\x18\x04 \x01(\x02\x12\x11\n\tformat_ok\x18\x05 \x01(\x08\x12\x11\n\tanswer_ok\x18\x06 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x03\x12\x13\n\x0btemperature\x18\x08 \x01(\x02\x12\x15\n\rresponse_text\x18\t \x01(\t\x12\'\n\tloss_mask\x18\n \x01(\x0b\x32\x14.zerobubble.v1.Array\x12\x31\n\rversion_spans\x18\x0b \x03(\x0b\x32\x1a.zerobubble.v1.VersionSpan\x12+\n\x07\x65pisode\x18\r \x01(\x0b\x32\x1a.zerobubble.v1.EpisodeInfo\"-\n\x0bVersionSpan\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\"q\n\x0b\x45pisodeInfo\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\r\n\x05turns\x18\x02 \x01(\x05\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\x12\x14\n\x0cstep_rewards\x18\x04 \x03(\x02\x12\x14\n\x0c\x65nded_reason\x18\x05 \x01(\t\"\xea\x01\n\x0f\x45xperienceGroup\x12%\n\x06prompt\x18\x01 \x01(\x0b\x32\x15.zerobubble.v1.Prompt\x12(\n\nprompt_ids\x18\x02 \x01(\x0b\x32\x14.zerobubble.v1.Array\x12/\n\x0ctrajectories\x18\x03 \x03(\x0b\x32\x19.zerobubble.v1.Trajectory\x12\x13\n\x0bproducer_id\x18\x04 \x01(\t\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x10\n\x08lease_id\x18\x06 \x01(\t\x12\x1c\n\x14producer_incarnation\x18\x07 \x01(\t*\xcf\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0e\n\nDTYPE_BOOL\x10\x01\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x02\x12\x0e\n\nDTYPE_INT8\x10\x03\x12\x0f\n\x0b\x44TYPE_INT16\x10\x04\x12\x0f\n\x0b\x44TYPE_INT32\x10\x05\x12\x0f\n\x0b\x44TYPE_INT64\x10\x06\x12\x11\n\rDTYPE_FLOAT16\x10\x07\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x08\x12\x11\n\rDTYPE_FLOAT32\x10\t\x12\x11\n\rDTYPE_FLOAT64\x10\n*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'zerobubble.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=1083
-  _globals['_DTYPE']._serialized_end=1290
-  _globals['_FINISHREASON']._serialized_start=1292
-  _globals['_FINISHREASON']._serialized_end=1387
+  _globals['_DTYPE']._serialized_start=1181
+  _globals['_DTYPE']._serialized_end=1388
+  _globals['_FINISHREASON']._serialized_start=1390
+  _globals['_FINISHREASON']._serialized_end=1485
   _globals['_ARRAY']._serialized_start=45
   _globals['_ARRAY']._serialized_end=118
   _globals['_TESTCASES']._serialized_start=120
@@ -32,9 +32,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROMPT']._serialized_start=167
   _globals['_PROMPT']._serialized_end=359
   _globals['_TRAJECTORY']._serialized_start=362
-  _globals['_TRAJECTORY']._serialized_end=728
-  _globals['_EPISODEINFO']._serialized_start=730
-  _globals['_EPISODEINFO']._serialized_end=843
-  _globals['_EXPERIENCEGROUP']._serialized_start=846
-  _globals['_EXPERIENCEGROUP']._serialized_end=1080
+  _globals['_TRAJECTORY']._serialized_end=779
+  _globals['_VERSIONSPAN']._serialized_start=781
+  _globals['_VERSIONSPAN']._serialized_end=826
+  _globals['_EPISODEINFO']._serialized_start=828
+  _globals['_EPISODEINFO']._serialized_end=941
+  _globals['_EXPERIENCEGROUP']._serialized_start=944
+  _globals['_EXPERIENCEGROUP']._serialized_end=1178
 # @@protoc_insertion_point(module_scope)

@@ -75,7 +75,7 @@ class Prompt(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., epoch: _Optional[int] = ..., messages_json: _Optional[str] = ..., gt_answer: _Optional[str] = ..., test_cases: _Optional[_Union[TestCases, _Mapping]] = ..., data_source: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("response_ids", "behaviour_logprobs", "finish_reason", "reward", "format_ok", "answer_ok", "policy_version", "temperature", "response_text", "loss_mask", "episode")
+    __slots__ = ("response_ids", "behaviour_logprobs", "finish_reason", "reward", "format_ok", "answer_ok", "policy_version", "temperature", "response_text", "loss_mask", "version_spans", "episode")
     RESPONSE_IDS_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOUR_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class Trajectory(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TEXT_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
     EPISODE_FIELD_NUMBER: _ClassVar[int]
     response_ids: Array
     behaviour_logprobs: Array
@@ -97,8 +98,17 @@ class Trajectory(_message.Message):
     temperature: float
     response_text: str
     loss_mask: Array
+    version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
     episode: EpisodeInfo
-    def __init__(self, response_ids: _Optional[_Union[Array, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[Array, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., format_ok: bool = ..., answer_ok: bool = ..., policy_version: _Optional[int] = ..., temperature: _Optional[float] = ..., response_text: _Optional[str] = ..., loss_mask: _Optional[_Union[Array, _Mapping]] = ..., episode: _Optional[_Union[EpisodeInfo, _Mapping]] = ...) -> None: ...
+    def __init__(self, response_ids: _Optional[_Union[Array, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[Array, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., format_ok: bool = ..., answer_ok: bool = ..., policy_version: _Optional[int] = ..., temperature: _Optional[float] = ..., response_text: _Optional[str] = ..., loss_mask: _Optional[_Union[Array, _Mapping]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., episode: _Optional[_Union[EpisodeInfo, _Mapping]] = ...) -> None: ...
+
+class VersionSpan(_message.Message):
+    __slots__ = ("start", "version")
+    START_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    version: int
+    def __init__(self, start: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class EpisodeInfo(_message.Message):
     __slots__ = ("environment", "turns", "tool_calls", "step_rewards", "ended_reason")

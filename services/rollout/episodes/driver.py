@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -59,6 +59,7 @@ class _Live:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)      # the policy version that drew each token
     last_text: str = ""
     last_finish: str = FINISH_STOP
 
@@ -66,10 +67,13 @@ class _Live:
     def ended(self) -> bool:
         return bool(self.record.ended_reason)
 
-    def add(self, ids, logprobs, *, sampled: bool) -> None:
+    def add(self, ids, logprobs, versions, *, sampled: bool) -> None:
+        """`versions`: of each sampled token; an observation's tokens take the version of the turn before."""
         self.tokens.extend(int(t) for t in ids)
         self.logprobs.extend(float(x) for x in logprobs) if sampled else self.logprobs.extend([0.0] * len(ids))
         self.mask.extend([int(sampled)] * len(ids))
+        self.versions.extend(int(v) for v in versions) if sampled else \
+            self.versions.extend(self.versions[-1:] * len(ids))
 
 
 def row_of(prompt: common_pb2.Prompt) -> dict:
@@ -106,19 +110,20 @@ class EpisodeDriver:
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="episode")
         self.timings = EpisodeTimings()
 
-    def play(self, engine: Engine, prompts: Sequence[EpisodePrompt],
-             sampling: SamplingSettings) -> tuple[list[list[int]], list[list[Sample]]]:
+    def play(self, engine: Engine, prompts: Sequence[EpisodePrompt], sampling: SamplingSettings,
+             at_turn: Callable[[], None] | None = None) -> tuple[list[list[int]], list[list[Sample]]]:
         """Each prompt's ids (with its environment's opening and tools) and its `sampling.n` episodes. Turns are
-        as long as the episode limits allow, whatever `sampling.max_new_tokens` says."""
+        as long as the episode limits allow, whatever `sampling.max_new_tokens` says. `at_turn` is called before
+        every turn after the first (where the run takes new weights between turns)."""
         sessions = list(self._pool.map(
             lambda item: self.sessions.open(item[0].route.environment, row_of(item[0].prompt)),
             [(p, i) for p in prompts for i in range(sampling.n)]))
         try:
-            return self._play(engine, prompts, sessions, sampling)
+            return self._play(engine, prompts, sessions, sampling, at_turn)
         finally:
             list(self._pool.map(self.sessions.close, [s.episode_id for s in sessions if not s.failed]))
 
-    def _play(self, engine, prompts, sessions, sampling):
+    def _play(self, engine, prompts, sessions, sampling, at_turn):
         n = sampling.n
         prompt_ids, episodes = [], []
         for index, item in enumerate(prompts):
@@ -135,13 +140,15 @@ class EpisodeDriver:
 
         turn = dataclasses.replace(sampling, max_new_tokens=self.turn_tokens)
         first = self._generate(engine, prompt_ids, turn)
-        self._take_turn(episodes, [s for per_prompt in first for s in per_prompt])
+        self._take_turn(episodes, [s for per_prompt in first for s in per_prompt], engine.policy_version)
         while live := [e for e in episodes if not e.ended]:
+            if at_turn is not None:
+                at_turn()
             budget = max(self.max_new_tokens - len(e.tokens) for e in live)
             later = dataclasses.replace(turn, n=1, max_new_tokens=min(self.turn_tokens, budget),
                                         seed=None if turn.seed is None else turn.seed + live[0].record.turns)
             samples = self._generate(engine, [e.prefix + e.tokens for e in live], later)
-            self._take_turn(live, [per_context[0] for per_context in samples])
+            self._take_turn(live, [per_context[0] for per_context in samples], engine.policy_version)
         return prompt_ids, [[self._sample(e) for e in episodes[i * n:(i + 1) * n]] for i in range(len(prompts))]
 
     def _generate(self, engine: Engine, contexts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
@@ -157,11 +164,13 @@ class EpisodeDriver:
         self.timings.step_seconds.append(time.perf_counter() - started)
         return outcome
 
-    def _take_turn(self, live: list[_Live], samples: list[Sample]) -> None:
+    def _take_turn(self, live: list[_Live], samples: list[Sample], version: int) -> None:
+        """`version`: the engine's when the turn's call returned, for engines that do not say per token."""
         for episode, sample in zip(live, samples, strict=True):
             room = self.max_new_tokens - len(episode.tokens)
             ids, logprobs = sample.token_ids[:room], sample.logprobs[:room]
-            episode.add(ids, logprobs, sampled=True)
+            versions = sample.versions[:room] if sample.versions is not None else [version] * len(ids)
+            episode.add(ids, logprobs, versions, sampled=True)
             episode.record.turns += 1
             episode.last_finish = sample.finish_reason if len(ids) == len(sample.token_ids) else FINISH_LENGTH
             episode.last_text = sample.text if len(ids) == len(sample.token_ids) else \
@@ -198,7 +207,7 @@ class EpisodeDriver:
         if len(episode.tokens) + len(observation) >= self.max_new_tokens:
             record.ended_reason = MAX_TOKENS
             return
-        episode.add(observation, (), sampled=False)
+        episode.add(observation, (), (), sampled=False)
 
     def _sample(self, episode: _Live) -> Sample:
         record = episode.record
@@ -207,7 +216,8 @@ class EpisodeDriver:
         return Sample(token_ids=np.asarray(episode.tokens, dtype=np.int32),
                       logprobs=np.asarray(episode.logprobs, dtype=np.float32),
                       finish_reason=FINISH_LENGTH if truncated else FINISH_STOP, text=episode.last_text,
-                      loss_mask=np.asarray(episode.mask, dtype=np.uint8), episode=record)
+                      loss_mask=np.asarray(episode.mask, dtype=np.uint8), episode=record,
+                      versions=np.asarray(episode.versions, dtype=np.int64))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -49,9 +49,10 @@ class Player:
     def route(self, prompt: common_pb2.Prompt) -> EpisodeRoute | None:
         return self.episodes.route(prompt.data_source if prompt.HasField("data_source") else None)
 
-    def play(self, engine: Engine, prompts: Sequence[common_pb2.Prompt],
-             sampling: SamplingSettings) -> tuple[list[list[int]], list[list[Sample]]]:
-        """Each prompt's ids and its `sampling.n` responses, in the prompts' order."""
+    def play(self, engine: Engine, prompts: Sequence[common_pb2.Prompt], sampling: SamplingSettings,
+             at_turn: Callable[[], None] | None = None) -> tuple[list[list[int]], list[list[Sample]]]:
+        """Each prompt's ids and its `sampling.n` responses, in the prompts' order; `at_turn` between an
+        episode's turns (see EpisodeDriver.play)."""
         routes = [self.route(p) for p in prompts]
         single = [i for i, r in enumerate(routes) if r is None]
         episodic = [i for i, r in enumerate(routes) if r is not None]
@@ -63,7 +64,7 @@ class Player:
                 prompt_ids[i], samples[i] = own_ids, own
         if episodic:
             items = [EpisodePrompt(prompts[i], routes[i], self.prompts.builder(prompts[i])) for i in episodic]
-            ids, played = self.driver.play(engine, items, sampling)
+            ids, played = self.driver.play(engine, items, sampling, at_turn)
             for i, own_ids, own in zip(episodic, ids, played, strict=True):
                 prompt_ids[i], samples[i] = own_ids, own
         return prompt_ids, samples

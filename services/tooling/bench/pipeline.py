@@ -52,6 +52,7 @@ from zerobubble.tooling.bench.cpu import process_cpu_seconds
 from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
 from zerobubble.tooling.launcher.config import UpConfig
+from zerobubble.tooling.launcher.final_eval import evaluate_checkpoint
 from zerobubble.tooling.launcher.processes import ServiceProcess
 from zerobubble.tooling.launcher.run import Run
 from zerobubble.tooling.launcher.tether import Tether
@@ -150,6 +151,9 @@ def training_figures(metrics_path: Path) -> dict[str, Any]:
         "trainer_time": {name: round(value / seconds, 3) for name, value in time_split.items()},
         "staleness_mean": round(sum(row["staleness_mean"] for row in rows) / len(rows), 3),
         "staleness_max": max(row["staleness_max"] for row in rows),
+        # Token-weighted (common/version.py); rows of a trainer older than per-token versions lack it.
+        "staleness_token_mean": round(sum(row.get("staleness_token_mean", row["staleness_mean"]) * row["samples"]
+                                          for row in rows) / samples, 3),
     }
 
 
@@ -175,10 +179,12 @@ def first_prompts(train: Path, count: int, out: Path) -> Path:
     return out
 
 
-def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
-    """One pipeline run to the trainer's end; its figures."""
+def run_mode(config: UpConfig, assets: RunAssets, held_out: Path | None = None) -> dict[str, Any]:
+    """One pipeline run to the trainer's end; its figures, with the last checkpoint's pass@1 on `held_out`
+    when given (scored after the measurement, through the run's reward service)."""
     run = Run(config, tether=Tether.hold(config.run_dir))
     load_before = os.getloadavg()[0]
+    evaluation = None
     try:
         trainer = run.launch(assets)
         progress = ScrapingProgress(run.services)
@@ -187,13 +193,17 @@ def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
         buffer = next(p for p in run.services if p.service == "buffer")
         with BufferClient(run.client_config(buffer)) as client:
             stats = client.stats()
+        if held_out is not None:
+            reward = next(p for p in run.services if p.service == "reward")
+            evaluation = evaluate_checkpoint(config.run_dir, held_out, run.client_config(reward))
     finally:
         run.stop_all()
     training = training_figures(config.run_dir / "trainer" / "metrics.jsonl")
     cores = progress.cores_used(*training.pop("training_span"))
     return {
         "max_staleness": config.run.max_staleness,
-        "prefetch": config.trainer["batch"]["prefetch"],
+        "weight_updates": config.run.weight_updates,
+        "prefetch": config.trainer.get("batch", {}).get("prefetch", False),
         **training,
         "cpu_cores_used": {**cores, "all": round(sum(cores.values()), 3)},
         "machine_cores": os.cpu_count(),
@@ -203,6 +213,8 @@ def run_mode(config: UpConfig, assets: RunAssets) -> dict[str, Any]:
         "groups_delivered": stats.groups_out,
         "filtered": stats.filtered,
         "stale_dropped": stats.stale_dropped,
+        **({} if evaluation is None else {"held_out_pass@1": round(evaluation["pass@1"], 4),
+                                          "held_out_version": evaluation["version"]}),
     }
 
 

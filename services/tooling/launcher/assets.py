@@ -70,7 +70,8 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
         f"-tools{hashlib.sha256(tool_use.model_dump_json().encode()).hexdigest()[:8]}"
     directory = cache / (f"tiny-{tiny.size}-seed{tiny.seed}-warm{tiny.warm_start_steps}"
                          f"-ls{tiny.warm_start_label_smoothing:g}-sys{hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
-                         f"{tools}-{train.parent.name}")
+                         f"{tools}{f'-filler{tiny.response_filler}' if tiny.response_filler else ''}"
+                         f"-{train.parent.name}")
     if (directory / "ready.json").exists():
         return directory
     partial = directory.with_name(directory.name + ".partial")
@@ -86,7 +87,8 @@ def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
         shape = None if tool_use is None else ToolCallShape(tool_use.call, tool_use.tool_name)
         figures = warm_start(partial, rows, steps=tiny.warm_start_steps, seed=tiny.seed,
                              label_smoothing=tiny.warm_start_label_smoothing, system_prompt=prompt,
-                             tool_use=shape, tool_fraction=0.0 if tool_use is None else tool_use.fraction)
+                             tool_use=shape, tool_fraction=0.0 if tool_use is None else tool_use.fraction,
+                             response_filler=tiny.response_filler)
     (partial / "ready.json").write_text(json.dumps(figures, default=str))
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)

@@ -52,6 +52,8 @@ class TinyModel(Schema):
     warm_start_tool_use: ToolUseWarmStart | None = Field(
         None, description="some warm-start examples call a tool and box its answer (null: none): a model that "
         "sometimes uses the tool, for RL to teach using it")
+    response_filler: int = Field(0, ge=0, description="warm-start answers start with up to this many dots, lengths "
+                                 "spread as real answers' are: long, uneven responses (`zerobubble bench in-flight`)")
 
     @field_validator("size")
     @classmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,16 @@ def chat_messages(row: TaskRow, system_prompt: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": system_prompt}, *row.messages] if system_prompt else list(row.messages)
 
 
-def target_response(gt_answer: str) -> str:
-    """What a correct, well-formed answer looks like (the end-of-turn token follows it)."""
-    return f"\\boxed{{{gt_answer}}}"
+def target_response(gt_answer: str, filler: int = 0) -> str:
+    """What a correct, well-formed answer looks like (the end-of-turn token follows it), after `filler` dots."""
+    return "." * filler + f"\\boxed{{{gt_answer}}}"
+
+
+def filler_lengths(count: int, longest: int, seed: int) -> list[int]:
+    """Lengths of the filler before each row's answer, spread as real answers' lengths are (log-normal: many
+    short, a long tail), cut at `longest`; the median is about a sixth of it."""
+    if longest == 0:
+        return [0] * count
+    rng = random.Random(seed)
+    median = max(1.0, longest / 6)
+    return [min(longest, int(rng.lognormvariate(math.log(median), 0.9))) for _ in range(count)]

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from zerobubble.reward.extraction import extract_boxed
 from zerobubble.reward.math_judge import judge
 from zerobubble.rollout.episodes.render import TurnRenderer
-from zerobubble.tooling.tiny.task import TaskRow, chat_messages, read_task, target_response
+from zerobubble.tooling.tiny.task import TaskRow, chat_messages, filler_lengths, read_task, target_response
 from zerobubble.tooling.tiny.tool_use import ToolCallShape, tool_episode
 
 IGNORE_INDEX = -100
@@ -42,17 +42,19 @@ class Example:
     targets: list[int] | None = None      # 1 where a response token is a target; None: every one
 
 
-def encode_examples(tokenizer, rows: list[TaskRow], system_prompt: str, *, tool_use: ToolCallShape | None = None,
-                    tool_fraction: float = 0.0, seed: int = 0) -> list[Example]:
-    """Chat-templated prompt (system + user + generation prompt) and the target response with end of turn; with
-    `tool_use`, a `tool_fraction` of the rows (chosen by `seed`) as a tool-using episode instead."""
+def encode_examples(tokenizer, rows: list[TaskRow], system_prompt: str, fillers: list[int] | None = None, *,
+                    tool_use: ToolCallShape | None = None, tool_fraction: float = 0.0, seed: int = 0) -> list[Example]:
+    """Chat-templated prompt (system + user + generation prompt) and the target response with end of turn, after
+    fillers[i] dots for row i (none when None); with `tool_use`, a `tool_fraction` of the rows (chosen by `seed`)
+    as a tool-using episode instead."""
+    fillers = fillers or [0] * len(rows)
     chosen = random.Random(seed).sample(range(len(rows)), round(tool_fraction * len(rows))) if tool_use else []
     renderer = TurnRenderer(tokenizer, max_observation_tokens=64) if chosen else None
     examples = []
-    for row in rows:
+    for row, filler in zip(rows, fillers, strict=True):
         prompt_ids = list(tokenizer.apply_chat_template(chat_messages(row, system_prompt), add_generation_prompt=True,
                                                         tokenize=True, return_dict=False))
-        answer = tokenizer(target_response(row.gt_answer), add_special_tokens=False)["input_ids"]
+        answer = tokenizer(target_response(row.gt_answer, filler), add_special_tokens=False)["input_ids"]
         examples.append(Example(prompt_ids, [*answer, tokenizer.eos_token_id]))
     for index in chosen:
         response, targets = tool_episode(tokenizer, renderer, rows[index], tool_use)
@@ -87,6 +89,7 @@ def warm_start(
     batch_size: int = 32,
     label_smoothing: float = DEFAULT_LABEL_SMOOTHING,
     system_prompt: str,
+    response_filler: int = 0,
     report_seconds: float = 10.0,
     tool_use: ToolCallShape | None = None,
     tool_fraction: float = 0.0,
@@ -95,12 +98,14 @@ def warm_start(
     `tool_use`, a `tool_fraction` of the examples call the tool and box its answer (tiny/tool_use.py).
 
     system_prompt: the one the rollout workers will send (empty: none), so the warm start sees their prompts.
+    response_filler: targets start with up to this many dots (task.filler_lengths): long, uneven responses.
     A line is logged after the first step and then every `report_seconds` (it takes minutes on a CPU)."""
     model_dir = Path(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    examples = encode_examples(tokenizer, read_task(train_jsonl), system_prompt, tool_use=tool_use,
-                               tool_fraction=tool_fraction, seed=seed)
+    rows = read_task(train_jsonl)
+    examples = encode_examples(tokenizer, rows, system_prompt, filler_lengths(len(rows), response_filler, seed),
+                               tool_use=tool_use, tool_fraction=tool_fraction, seed=seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     # Short runs end far lower when the rate warms up briefly and then decays to a tenth.
     warmup = max(1, steps // 10)
