@@ -42,3 +42,15 @@ def start_http_mcp_server() -> tuple[subprocess.Popen, str]:
 
 def stdio_mcp_command() -> list[str]:
     return [sys.executable, str(MCP_SERVER), "stdio"]
+
+
+def start_openenv_server(environment_address: str, default_environment: str = "calculator") -> tuple[
+        subprocess.Popen, str]:
+    """Our environment service served the OpenEnv way, in a process of its own."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "zerobubble.environment.openenv_server",
+                                "--set", f"listen=127.0.0.1:{port}",
+                                "--set", f"environment.address={environment_address}",
+                                "--set", f"default_environment={default_environment}"])
+    wait_for_port(port, process)
+    return process, f"http://127.0.0.1:{port}"
