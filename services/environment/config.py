@@ -54,6 +54,24 @@ class McpServerConfig(Schema):
         return self.url if self.url is not None else " ".join(self.command)
 
 
+class OpenEnvSource(Schema):
+    """An OpenEnv server (openenv-core's HTTP + WebSocket contract) whose episodes are this environment's: one
+    WebSocket session each."""
+
+    url: str = Field(pattern=r"^(https?|wss?)://\S+$", description="the server's base URL, e.g. "
+                     "http://127.0.0.1:8000")
+    action_field: str = Field("message", min_length=1, description="the action's field that carries the "
+                              "assistant's turn")
+    observation_field: str | None = Field(None, description="the observation's field the model reads (a string or "
+                                          "chat messages); the whole observation as JSON when unset")
+    opening: bool = Field(True, description="the reset's observation is the opening, appended to the prompt")
+    reset_with_row: bool = Field(False, description="reset(row={...}) with the prompt row (for servers that take "
+                                 "it)")
+    connect_timeout_s: float = Field(10.0, gt=0)
+    message_timeout_s: float = Field(60.0, gt=0, description="one reset or step; the service's "
+                                     "limits.step_timeout_s cuts it first when shorter")
+
+
 class EnvironmentConfig(Schema):
     """One environment: a user's class (`environment`), or a built-in (`builtin`): `calculator` and `python` (one
     tool each), `tools` (the user's functions in `tools`)."""
@@ -63,6 +81,8 @@ class EnvironmentConfig(Schema):
     environment: str | None = Field(None, description="module:Class with reset(row) and step(assistant_text), "
                                     "or tools; imported from PYTHONPATH or `path`")
     builtin: Builtin | None = Field(None, description="calculator, python or tools (the functions in `tools`)")
+    openenv: OpenEnvSource | None = Field(None, description="an OpenEnv server as the environment (docs: Agents "
+                                          "and environments from other tools)")
     tools: list[str] = Field(default_factory=list, description="builtin tools: its tools, each module:function "
                              "with type hints and a docstring, or `calculator`")
     mcp: list[McpServerConfig] = Field(default_factory=list, description="builtin tools: MCP servers whose tools "
@@ -103,8 +123,9 @@ class EnvironmentConfig(Schema):
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvironmentConfig:
-        if (self.environment is None) == (self.builtin is None):
-            raise ValueError(f"environments[{self.name}]: give exactly one of environment (module:Class) and builtin")
+        if [self.environment, self.builtin, self.openenv].count(None) != 2:
+            raise ValueError(f"environments[{self.name}]: give exactly one of environment (module:Class), builtin and "
+                             "openenv")
         if self.builtin == "tools" and not self.tools and not self.mcp:
             raise ValueError(f"environments[{self.name}].tools: the tools builtin needs at least one tool or MCP "
                              "server (mcp)")

@@ -66,6 +66,11 @@ def blueprint(entry: EnvironmentConfig, bounds: Bounds, sandbox: CodeSandbox | N
     elif entry.builtin == "tools":
         tools = [calculator if name == "calculator" else import_callable(name, path) for name in entry.tools]
         make = tool_environment(tools)
+    elif entry.openenv is not None:
+        from zerobubble.environment.openenv_proxy import OpenEnvEpisode
+
+        tools = []
+        make = lambda: OpenEnvEpisode(entry.openenv)  # noqa: E731 - one line, like the branches beside it
     else:
         cls = import_callable(entry.environment, path)
         tools = getattr(cls, "tools", None) or []

@@ -54,3 +54,11 @@ def start_openenv_server(environment_address: str, default_environment: str = "c
                                 "--set", f"default_environment={default_environment}"])
     wait_for_port(port, process)
     return process, f"http://127.0.0.1:{port}"
+
+
+def start_openenv_environment() -> tuple[subprocess.Popen, str]:
+    """An environment written with openenv-core's own server classes (peers_openenv_env.py), on a port."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(HERE / "peers_openenv_env.py"), str(port)])
+    wait_for_port(port, process)
+    return process, f"http://127.0.0.1:{port}"
