@@ -113,11 +113,22 @@ def _classes():
 
 def create_app(config: OpenEnvServerConfig, client: EnvironmentClient):
     """The FastAPI app of openenv-core's server over `client`'s environment service."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
     from openenv.core.env_server.http_server import create_fastapi_app
 
     hosted, action, observation = _classes()
-    return create_fastapi_app(lambda: hosted(client, config.default_environment), action, observation,
-                              max_concurrent_envs=config.max_sessions)
+    app = create_fastapi_app(lambda: hosted(client, config.default_environment), action, observation,
+                             max_concurrent_envs=config.max_sessions)
+
+    async def invalid(request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer echoes the input, which fails to encode when it holds NaN (a 500 instead of a 422).
+        errors = [{"loc": list(error.get("loc", ())), "msg": error.get("msg", ""), "type": error.get("type", "")}
+                  for error in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    app.add_exception_handler(RequestValidationError, invalid)
+    return app
 
 
 def main(argv: list[str] | None = None) -> None:
