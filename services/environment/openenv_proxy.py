@@ -3,9 +3,9 @@ the messages openenv-core's `EnvClient` sends (`{"type": "reset"|"step", "data":
 `{"type": "observation", "data": {observation, reward, done}}` or `{"type": "error", ...}`); its own client is not
 used here because importing openenv.core takes seconds (it imports gradio), in every episode's process.
 
-The assistant's turn is the action's `action_field`; the observation's
-`observation_field` (or the whole observation, as JSON) is what the model reads next; the server's reward and done
-are the step's. It runs in the episode's own process, so a server that hangs is cut at the step's time limit."""
+The assistant's turn is the action's `action_field`; the observation's `observation_field` (or the whole observation,
+as JSON) is what the model reads next; the server's reward and done are the step's. It runs in the episode's own
+process, so a server that hangs is cut at the step's time limit."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ as any other tool, bounded in output, and a failing, hanging or dying server an 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from peers_helpers import start_http_mcp_server, stdio_mcp_command
@@ -110,6 +111,17 @@ def test_a_server_that_does_not_answer_stops_the_service_at_start_naming_it(tmp_
     with pytest.raises(ConfigError) as refused:
         build(config).start()
     assert "environments[0]" in str(refused.value) and "http://127.0.0.1:9/mcp" in str(refused.value)
+
+
+def test_a_stdio_server_that_exits_at_start_stops_the_service_naming_it():
+    config = load_config(EnvironmentServiceConfig, overrides={
+        "server.listen": "127.0.0.1:0",
+        "environments": [{"name": "broken", "builtin": "tools",
+                          "mcp": [{"command": [sys.executable, "-c", "raise SystemExit(2)"],
+                                   "connect_timeout_s": 5.0}]}]})
+    with pytest.raises(ConfigError) as refused:
+        build(config).start()
+    assert "environments[0]" in str(refused.value) and "raise SystemExit(2)" in str(refused.value)
 
 
 def test_bad_mcp_settings_are_refused_naming_the_field():
