@@ -253,7 +253,12 @@ def _handler(endpoint: OpenAIEndpoint) -> type[BaseHTTPRequestHandler]:
             if not 0 <= length <= endpoint.config.max_body_bytes:
                 raise Refused(413, "body", f"the body is over max_body_bytes={endpoint.config.max_body_bytes}")
             try:
-                body = json.loads(self.rfile.read(length) or b"{}")
+                data = self.rfile.read(length)
+            except TimeoutError:
+                raise Refused(408, "body", f"the body did not arrive within io_timeout_s="
+                                           f"{endpoint.config.io_timeout_s:g}") from None
+            try:
+                body = json.loads(data or b"{}")
             except (ValueError, RecursionError):
                 raise Refused(400, "body", "the body is not JSON") from None
             if not isinstance(body, dict):

@@ -143,3 +143,23 @@ def test_the_token_sessions_and_their_limit_are_enforced(endpoint):
         assert post(f"{endpoint}/v1/sessions/{session['session_id']}/close", {"reward": 0})[0] == 200
     status, refused = post(f"{endpoint}/v1/sessions/{opened[0]['session_id']}/close", {"reward": 0})
     assert status == 404
+
+
+def test_a_session_never_closed_is_dropped_after_its_idle_time():
+    import time
+
+    from zerobubble.rollout.config import OpenAIEndpointConfig
+    from zerobubble.rollout.openai_endpoint import OpenAIEndpoint
+
+    config = OpenAIEndpointConfig(enabled=True, max_sessions=1, session_idle_s=0.3)
+    endpoint = OpenAIEndpoint(config, worker=None, max_new_tokens=4, token=None).start()
+    try:
+        url = f"http://127.0.0.1:{endpoint.port}"
+        forgotten = post(f"{url}/v1/sessions", {}, token=None)[1]
+        assert post(f"{url}/v1/sessions", {}, token=None)[0] == 429
+        time.sleep(0.5)
+        assert post(f"{url}/v1/sessions", {}, token=None)[0] == 200
+        status, gone = post(f"{url}/v1/sessions/{forgotten['session_id']}/close", {"reward": 0}, token=None)
+        assert status == 404 and gone["error"]["param"] == "session_id"
+    finally:
+        endpoint.stop()
