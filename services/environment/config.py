@@ -25,6 +25,53 @@ def _target(value: str, what: str) -> str:
     return value
 
 
+class McpServerConfig(Schema):
+    """An MCP server whose tools an environment offers: a command it is started with (stdio, one server per
+    episode, a child of the episode's process) or the URL of a running one (streamable HTTP)."""
+
+    command: list[str] | None = Field(None, min_length=1, description="stdio: the program and its arguments, "
+                                      "e.g. [python, my_tools.py]")
+    url: str | None = Field(None, pattern=r"^https?://\S+$", description="streamable HTTP: the server's MCP URL, "
+                            "e.g. http://127.0.0.1:8000/mcp")
+    env: dict[str, str] = Field(default_factory=dict, description="stdio: variables set for the server beside "
+                                "the basic ones (PATH, HOME, ...)")
+    tools: list[str] = Field(default_factory=list, description="the server's tools to offer; all when empty")
+    connect_timeout_s: float = Field(10.0, gt=0, description="starting or reaching the server and listing its "
+                                     "tools")
+    call_timeout_s: float = Field(5.0, gt=0, description="one tool call; past it the model reads an error and the "
+                                  "next call connects anew")
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of command (stdio) and url (streamable HTTP)")
+        if self.env and self.command is None:
+            raise ValueError("env: only a stdio server (command) takes environment variables")
+        return self
+
+    @property
+    def shown(self) -> str:
+        return self.url if self.url is not None else " ".join(self.command)
+
+
+class OpenEnvSource(Schema):
+    """An OpenEnv server (openenv-core's HTTP + WebSocket contract) whose episodes are this environment's: one
+    WebSocket session each."""
+
+    url: str = Field(pattern=r"^(https?|wss?)://\S+$", description="the server's base URL, e.g. "
+                     "http://127.0.0.1:8000")
+    action_field: str = Field("message", min_length=1, description="the action's field that carries the "
+                              "assistant's turn")
+    observation_field: str | None = Field(None, description="the observation's field the model reads (a string or "
+                                          "chat messages); the whole observation as JSON when unset")
+    opening: bool = Field(True, description="the reset's observation is the opening, appended to the prompt")
+    reset_with_row: bool = Field(False, description="reset(row={...}) with the prompt row (for servers that take "
+                                 "it)")
+    connect_timeout_s: float = Field(10.0, gt=0)
+    message_timeout_s: float = Field(60.0, gt=0, description="one reset or step; the service's "
+                                     "limits.step_timeout_s cuts it first when shorter")
+
+
 class EnvironmentConfig(Schema):
     """One environment: a user's class (`environment`), or a built-in (`builtin`): `calculator` and `python` (one
     tool each), `tools` (the user's functions in `tools`)."""
@@ -34,8 +81,12 @@ class EnvironmentConfig(Schema):
     environment: str | None = Field(None, description="module:Class with reset(row) and step(assistant_text), "
                                     "or tools; imported from PYTHONPATH or `path`")
     builtin: Builtin | None = Field(None, description="calculator, python or tools (the functions in `tools`)")
+    openenv: OpenEnvSource | None = Field(None, description="an OpenEnv server as the environment (docs: Agents "
+                                          "and environments from other tools)")
     tools: list[str] = Field(default_factory=list, description="builtin tools: its tools, each module:function "
                              "with type hints and a docstring, or `calculator`")
+    mcp: list[McpServerConfig] = Field(default_factory=list, description="builtin tools: MCP servers whose tools "
+                                       "it offers too (docs: Agents and environments from other tools)")
     path: Path | None = Field(None, description="a folder put first on sys.path of the workers to import from")
     tool_format: ToolFormat = Field("hermes", description="how the model writes tool calls: hermes "
                                     "(<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>) or compact "
@@ -72,10 +123,14 @@ class EnvironmentConfig(Schema):
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvironmentConfig:
-        if (self.environment is None) == (self.builtin is None):
-            raise ValueError(f"environments[{self.name}]: give exactly one of environment (module:Class) and builtin")
-        if self.builtin == "tools" and not self.tools:
-            raise ValueError(f"environments[{self.name}].tools: the tools builtin needs at least one tool")
+        if [self.environment, self.builtin, self.openenv].count(None) != 2:
+            raise ValueError(f"environments[{self.name}]: give exactly one of environment (module:Class), builtin and "
+                             "openenv")
+        if self.builtin == "tools" and not self.tools and not self.mcp:
+            raise ValueError(f"environments[{self.name}].tools: the tools builtin needs at least one tool or MCP "
+                             "server (mcp)")
+        if self.mcp and self.builtin != "tools":
+            raise ValueError(f"environments[{self.name}].mcp: only the tools builtin takes MCP servers")
         if self.tools and self.builtin != "tools":
             raise ValueError(f"environments[{self.name}].tools: only the tools builtin takes a list of tools")
         if self.builtin == "python" and self.final_answer not in FINAL_ANSWER_RULES:
@@ -144,6 +199,16 @@ class EnvironmentServiceConfig(Schema):
             if entry.name in seen:
                 raise ValueError(f"environments[{index}].name: {entry.name!r} is given twice")
             seen.add(entry.name)
+        return self
+
+    @model_validator(mode="after")
+    def _calls_within_a_step(self) -> EnvironmentServiceConfig:
+        for entry in self.environments:
+            for index, server in enumerate(entry.mcp):
+                if server.call_timeout_s >= self.limits.step_timeout_s:
+                    raise ValueError(f"environments[{entry.name}].mcp[{index}].call_timeout_s: "
+                                     f"{server.call_timeout_s} must be under limits.step_timeout_s="
+                                     f"{self.limits.step_timeout_s}, or the step is killed before the model hears why")
         return self
 
     @model_validator(mode="after")

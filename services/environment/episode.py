@@ -13,6 +13,7 @@ from zerobubble.environment.calculator import calculator
 from zerobubble.environment.calls import parse
 from zerobubble.environment.config import FINAL_ANSWER_RULES, EnvironmentConfig
 from zerobubble.environment.contract import ERROR, BadReply, Step, check_observation, check_step
+from zerobubble.environment.mcp_tools import list_tools, mcp_tools
 from zerobubble.environment.tools import ToolEnvironment, final_answer_rule, tool_schema
 
 
@@ -36,10 +37,15 @@ def schemas_of(tools: list[Callable]) -> list[dict]:
     return [tool_schema(tool) for tool in tools]
 
 
+def _directly(work: Callable[[], Any]) -> Any:
+    return work()
+
+
 def blueprint(entry: EnvironmentConfig, bounds: Bounds, sandbox: CodeSandbox | None = None,
-              derive: Callable[[list[Callable]], list[dict]] = schemas_of) -> Blueprint:
-    """Imports what the entry names (users' code: only in a worker process) and derives its tools' schemas with
-    `derive`; ImportError or ValueError say what is wrong with it."""
+              isolate: Callable[[Callable[[], Any]], Any] = _directly) -> Blueprint:
+    """Imports what the entry names (users' code: only in a worker process), derives its tools' schemas and lists
+    its MCP servers' tools, each through `isolate(work) -> work()`, which may run it elsewhere (its result is JSON);
+    ImportError or ValueError say what is wrong with it."""
     path = None if entry.path is None else str(entry.path)
     schemas: list[dict] = []
 
@@ -60,6 +66,11 @@ def blueprint(entry: EnvironmentConfig, bounds: Bounds, sandbox: CodeSandbox | N
     elif entry.builtin == "tools":
         tools = [calculator if name == "calculator" else import_callable(name, path) for name in entry.tools]
         make = tool_environment(tools)
+    elif entry.openenv is not None:
+        from zerobubble.environment.openenv_proxy import OpenEnvEpisode
+
+        tools = []
+        make = lambda: OpenEnvEpisode(entry.openenv)  # noqa: E731 - one line, like the branches beside it
     else:
         cls = import_callable(entry.environment, path)
         tools = getattr(cls, "tools", None) or []
@@ -72,7 +83,16 @@ def blueprint(entry: EnvironmentConfig, bounds: Bounds, sandbox: CodeSandbox | N
             make = tool_environment(tools, cls)
         else:
             raise ValueError(f"{entry.environment} has neither step(assistant_text) nor tools")
-    schemas.extend(derive(tools) if tools else [])
+    schemas.extend(isolate(lambda: schemas_of(tools)) if tools else [])
+    if entry.mcp:
+        listed = [isolate(lambda server=server: list_tools(server)) for server in entry.mcp]
+        offered = mcp_tools(entry.mcp, listed)
+        tools.extend(offered)
+        schemas.extend(tool.schema for tool in offered)
+    names = [schema["function"]["name"] for schema in schemas]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"environments[{entry.name}]: two tools are named {twice[0]!r}")
     return Blueprint(make, schemas, entry.tool_format if tools else "")
 
 

@@ -22,7 +22,9 @@ import select
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 from zerobubble.environment.config import EnvironmentConfig
 from zerobubble.environment.contract import BadReply
@@ -60,17 +62,16 @@ def _serve_episode(conn: Connection, plans: dict[str, Blueprint], bounds: Bounds
         conn.send_bytes(encoded.encode())
 
 
-def _schemas_in_a_child(tools: list) -> list[dict]:
-    """The tools' schemas, derived in a fork that exits after: transformers, which derives them, stays out of the
-    parent, whose every fork for an episode would otherwise copy its page tables (7 ms instead of 0.3 here)."""
-    from zerobubble.environment.episode import schemas_of
-
+def _in_a_child(work: Callable[[], Any]) -> Any:
+    """work() (the tools' schemas, an MCP server's listing) in a fork that exits after: transformers, which derives
+    schemas, stays out of the parent, whose every fork for an episode would otherwise copy its page tables (7 ms
+    instead of 0.3 here), and so do the threads and processes of an MCP client, which a fork must not inherit."""
     read, write = os.pipe()
     child = os.fork()
     if child == 0:
         os.close(read)
         try:
-            reply = ["ok", schemas_of(tools)]
+            reply = ["ok", work()]
         except BaseException as exc:  # noqa: BLE001 - reported by the parent as the entry's error
             reply = ["error", f"{type(exc).__name__}: {exc}"]
         with os.fdopen(write, "wb") as out:
@@ -80,7 +81,7 @@ def _schemas_in_a_child(tools: list) -> list[dict]:
     with os.fdopen(read, "rb") as source:
         data = source.read()
     os.waitpid(child, 0)
-    kind, value = json.loads(data) if data else ["error", "deriving the tools' schemas killed its process"]
+    kind, value = json.loads(data) if data else ["error", "listing the tools killed its process"]
     if kind != "ok":
         raise ValueError(value)
     return value
@@ -114,7 +115,7 @@ def _parent(fd: int, service_pid: int) -> None:
     for index, entry in settings["environments"]:
         config = EnvironmentConfig.model_validate(entry)
         try:
-            plans[config.name] = blueprint(config, bounds, derive=_schemas_in_a_child)
+            plans[config.name] = blueprint(config, bounds, isolate=_in_a_child)
         except BaseException as exc:  # noqa: BLE001 - reported to the service, which refuses to start
             _send(conn, ["import_error", f"environments[{index}]", f"{type(exc).__name__}: {exc}"])
             return

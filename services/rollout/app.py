@@ -78,6 +78,12 @@ class RolloutHost(ServiceHost):
         self.generate_calls = GenerateCalls(self.worker, config.generate_limits(self.spec))
         self.add(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
                  RolloutServicer(self.worker, self.generate_calls, model.engine), "zerobubble.v1.RolloutService")
+        self.openai = None
+        if config.openai.enabled:
+            from zerobubble.rollout.openai_endpoint import OpenAIEndpoint
+
+            self.openai = OpenAIEndpoint(config.openai, self.worker, self.spec.max_new_tokens,
+                                         config.server.bearer_token())
         self._worker_thread = threading.Thread(target=self._run_worker, name="rollout-worker", daemon=True)
 
     def _run_worker(self) -> None:
@@ -90,10 +96,15 @@ class RolloutHost(ServiceHost):
         if self.receiver is not None:
             self.receiver.start()
         self._worker_thread.start()
+        if self.openai is not None:
+            self.openai.start()
+            log.info("the OpenAI-compatible endpoint listens on port %d", self.openai.port)
         return self
 
     def stop(self, grace: float | None = None) -> None:
         self.worker.stop()
+        if self.openai is not None:
+            self.openai.stop()
         super().stop(grace)
         if self._worker_thread.is_alive():
             self._worker_thread.join(timeout=60)

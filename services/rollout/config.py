@@ -85,6 +85,20 @@ class EvalConfig(Schema):
     output_dir: Path = Field(Path("eval"), description="a JSONL of results per version and a summary.jsonl")
 
 
+class OpenAIEndpointConfig(Schema):
+    """An OpenAI-compatible endpoint on the worker (rollout/openai_endpoint.py), behind the service's token."""
+
+    enabled: bool = Field(False, description="serve /v1/chat/completions and /v1/models (docs: Agents and "
+                          "environments from other tools)")
+    listen: str = Field("127.0.0.1:0", pattern=r"^[^\s:]+:\d+$", description="host:port of the HTTP endpoint")
+    model_name: str = Field("zerobubble-policy", description="the model id /v1/models lists")
+    max_sessions: int = Field(64, gt=0, description="sessions open at once; more are refused with 429")
+    max_calls_per_session: int = Field(32, gt=0)
+    session_idle_s: float = Field(600.0, gt=0, description="a session with no call for this long is dropped")
+    max_body_bytes: int = Field(1024 * 1024, gt=0)
+    io_timeout_s: float = Field(10.0, gt=0, description="reading a request (a slow sender is cut)")
+
+
 class RolloutServiceConfig(Schema):
     server: ServerConfig = ServerConfig(listen="127.0.0.1:50054")
     worker_id: str = Field(default_factory=_default_worker_id, description="unique per running worker")
@@ -102,6 +116,8 @@ class RolloutServiceConfig(Schema):
     environment: ClientConfig | None = Field(
         None, description="the environment service that hosts the environments of run_spec.episodes (null: the run "
         "has no episodes; a run with episodes refuses to start without it)")
+    openai: OpenAIEndpointConfig = Field(default_factory=OpenAIEndpointConfig, description="an OpenAI-compatible "
+                                         "endpoint that records the token ids of an agent's calls (off by default)")
     torch_threads: int | None = Field(None, gt=0, description="CPU threads of torch in this process (null: "
                                       "torch's default, all cores); on a shared small machine 1 avoids contention")
     backoff_max_seconds: float = Field(5.0, gt=0, description="longest pause between retries of a lost peer")

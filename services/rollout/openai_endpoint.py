@@ -1,0 +1,274 @@
+"""An OpenAI-compatible endpoint on the rollout worker (`/v1/chat/completions`, `/v1/models`) that records, per
+session, the exact prompt and completion token ids, log-probs and policy version of every call, so that an agent
+written against the OpenAI SDK can be trained on what the model really sampled.
+
+A session is opened with its prompt row (`POST /v1/sessions`), its calls go to `/sessions/ID/v1/chat/completions`
+(the OpenAI client's `base_url` is `.../sessions/ID/v1`), and `POST /v1/sessions/ID/close {reward}` ends it and
+answers its samples: calls that extend the previous one token for token form one sample (the model's tokens
+unmasked, everything between them masked); a call that does not starts a new one (stitch()). Off by default; behind
+the service's bearer token. Each answer also carries `prompt_token_ids` and `completion_token_ids`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from zerobubble.rollout.config import OpenAIEndpointConfig
+from zerobubble.rollout.engine import SamplingError, SamplingSettings
+
+log = logging.getLogger(__name__)
+_CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "n",
+                "stream", "tools", "tool_choice", "seed", "user"}
+
+
+class Refused(Exception):
+    def __init__(self, status: int, field: str, message: str):
+        super().__init__(message)
+        self.status, self.field = status, field
+
+
+@dataclass
+class Call:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    policy_version: int
+
+
+@dataclass
+class Session:
+    row: dict
+    calls: list[Call] = field(default_factory=list)
+    last_used: float = field(default_factory=time.monotonic)
+
+
+def stitch(calls: list[Call]) -> list[dict]:
+    """The session's samples: a call whose prompt starts with the previous sample's ids extends it (the new prompt
+    ids masked, the completion unmasked); any other call starts a sample of its own."""
+    samples: list[dict] = []
+    for call in calls:
+        last = samples[-1] if samples else None
+        so_far = None if last is None else last["prompt_ids"] + last["response_ids"]
+        if so_far is not None and call.prompt_ids[:len(so_far)] == so_far:
+            between = call.prompt_ids[len(so_far):]
+            last["response_ids"] += between + call.completion_ids
+            last["loss_mask"] += [0] * len(between) + [1] * len(call.completion_ids)
+            last["logprobs"] += [0.0] * len(between) + call.logprobs
+            last["policy_versions"] += [-1] * len(between) + [call.policy_version] * len(call.completion_ids)
+        else:
+            samples.append({"prompt_ids": list(call.prompt_ids), "response_ids": list(call.completion_ids),
+                            "loss_mask": [1] * len(call.completion_ids), "logprobs": list(call.logprobs),
+                            "policy_versions": [call.policy_version] * len(call.completion_ids)})
+    return samples
+
+
+class OpenAIEndpoint:
+    """The endpoint over `worker` (its engine, under its lock, at its current weights)."""
+
+    def __init__(self, config: OpenAIEndpointConfig, worker: Any, max_new_tokens: int, token: str | None):
+        self.config = config
+        self.worker = worker
+        self.max_new_tokens = max_new_tokens
+        self._expected = f"Bearer {token}" if token else None
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        host, port = config.listen.rsplit(":", 1)
+        self._server = ThreadingHTTPServer((host, int(port)), _handler(self))
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="openai-endpoint", daemon=True)
+
+    def start(self) -> OpenAIEndpoint:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # -- requests --------------------------------------------------------------------------------------
+    def authorized(self, header: str | None) -> bool:
+        return self._expected is None or hmac.compare_digest((header or "").encode(), self._expected.encode())
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.config.model_name, "object": "model", "created": 0,
+                                            "owned_by": "zerobubble"}]}
+
+    def open(self, body: dict) -> dict:
+        row = body.get("row", {})
+        if not isinstance(row, dict):
+            raise Refused(400, "row", "row: must be an object (the prompt row)")
+        with self._lock:
+            self._expire()
+            if len(self._sessions) >= self.config.max_sessions:
+                raise Refused(429, "sessions", f"{self.config.max_sessions} sessions are open (max_sessions)")
+            session_id = uuid.uuid4().hex
+            self._sessions[session_id] = Session(row)
+        return {"session_id": session_id, "base_url": f"/sessions/{session_id}/v1"}
+
+    def close(self, session_id: str, body: dict) -> dict:
+        reward = body.get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward:
+            raise Refused(400, "reward", "reward: must be a number")
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise Refused(404, "session_id", f"no open session {session_id!r}")
+        return {"session_id": session_id, "reward": float(reward), "row": session.row,
+                "samples": stitch(session.calls)}
+
+    def complete(self, session_id: str, body: dict) -> dict:
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise Refused(404, "session_id", f"no open session {session_id!r}")
+            if len(session.calls) >= self.config.max_calls_per_session:
+                raise Refused(429, "session_id", f"{self.config.max_calls_per_session} calls in this session "
+                                                 "(max_calls_per_session)")
+            session.last_used = time.monotonic()
+        prompt_ids, sampling = self._request(body)
+        samples, version = self.worker.generate([prompt_ids], sampling)
+        sample = samples[0][0]
+        completion = [int(token) for token in sample.token_ids]
+        logprobs = [float(value) for value in sample.logprobs]
+        with self._lock:
+            session.calls.append(Call(prompt_ids, completion, logprobs, version))
+        text = self.worker.engine.tokenizer.decode(completion, skip_special_tokens=True)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.config.model_name,
+                "choices": [{"index": 0, "finish_reason": sample.finish_reason,
+                             "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion),
+                          "total_tokens": len(prompt_ids) + len(completion)},
+                "prompt_token_ids": prompt_ids, "completion_token_ids": completion, "policy_version": version}
+
+    def _request(self, body: dict) -> tuple[list[int], SamplingSettings]:
+        unknown = sorted(set(body) - _CHAT_FIELDS)
+        if unknown:
+            raise Refused(400, unknown[0], f"{unknown[0]}: not supported here (the fields taken: "
+                                           f"{', '.join(sorted(_CHAT_FIELDS))})")
+        if body.get("stream"):
+            raise Refused(400, "stream", "stream: not supported; the answer comes whole")
+        if body.get("n", 1) != 1:
+            raise Refused(400, "n", "n: only 1 (each call is one sample of the session)")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise Refused(400, "messages", "messages: a non-empty list of {role, content}")
+        messages = [{**m, "content": m.get("content") or ""} for m in messages]
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise Refused(400, "tools", "tools: must be a list of function schemas")
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", self.max_new_tokens))
+        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 0 < max_tokens <= \
+                self.max_new_tokens:
+            raise Refused(400, name, f"{name}: an integer from 1 to {self.max_new_tokens} (run_spec.max_new_tokens)")
+        stop = body.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        try:
+            sampling = SamplingSettings(n=1, temperature=float(body.get("temperature", 1.0)),
+                                        top_p=float(body.get("top_p", 1.0)), max_new_tokens=max_tokens, stop=stop,
+                                        seed=body.get("seed"))
+        except SamplingError as exc:
+            raise Refused(400, exc.field, str(exc)) from None
+        except (TypeError, ValueError) as exc:
+            raise Refused(400, "temperature", f"a sampling field is not a number: {exc}") from None
+        builder = self.worker.prompts
+        try:
+            ids = builder.render(messages, tools)
+        except Exception as exc:  # noqa: BLE001 - the chat template's many failures mean one thing to the caller
+            raise Refused(400, "messages", f"messages: the chat template refused them: {exc}") from None
+        if len(ids) > builder.max_prompt_tokens:
+            raise Refused(400, "messages", f"messages: {len(ids)} tokens, over run_spec.max_prompt_tokens="
+                                           f"{builder.max_prompt_tokens}")
+        return ids, sampling
+
+    def _expire(self) -> None:
+        cutoff = time.monotonic() - self.config.session_idle_s
+        for session_id in [key for key, session in self._sessions.items() if session.last_used < cutoff]:
+            log.info("the OpenAI session %s had no call for %.0f s: dropped", session_id, self.config.session_idle_s)
+            del self._sessions[session_id]
+
+
+def _handler(endpoint: OpenAIEndpoint) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = endpoint.config.io_timeout_s
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+            log.debug(format, *args)
+
+        def _answer(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _refuse(self, status: int, field: str, message: str) -> None:
+            self._answer(status, {"error": {"message": message, "type": "invalid_request_error", "param": field,
+                                            "code": None}})
+
+        def _route(self, method: str) -> None:
+            if not endpoint.authorized(self.headers.get("Authorization")):
+                self._refuse(401, "Authorization", "missing or wrong bearer token")
+                return
+            parts = [part for part in self.path.split("?")[0].split("/") if part]
+            try:
+                if method == "GET" and (parts == ["v1", "models"] or parts[:1] == ["sessions"]
+                                        and parts[2:] == ["v1", "models"]):
+                    self._answer(200, endpoint.models())
+                    return
+                if method != "POST":
+                    raise Refused(404, "path", f"no route GET {self.path}")
+                body = self._body()
+                if parts == ["v1", "sessions"]:
+                    self._answer(200, endpoint.open(body))
+                elif len(parts) == 4 and parts[:2] == ["v1", "sessions"] and parts[3] == "close":
+                    self._answer(200, endpoint.close(parts[2], body))
+                elif len(parts) == 5 and parts[0] == "sessions" and parts[2:] == ["v1", "chat", "completions"]:
+                    self._answer(200, endpoint.complete(parts[1], body))
+                else:
+                    raise Refused(404, "path", f"no route POST {self.path}")
+            except Refused as refused:
+                self._refuse(refused.status, refused.field, str(refused))
+            except Exception:
+                log.exception("OpenAI endpoint: %s %s failed", method, self.path)
+                self._refuse(500, "", "internal error; see the service's log")
+
+        def _body(self) -> dict:
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+            except ValueError:
+                raise Refused(400, "Content-Length", "Content-Length: not a number") from None
+            if not 0 <= length <= endpoint.config.max_body_bytes:
+                raise Refused(413, "body", f"the body is over max_body_bytes={endpoint.config.max_body_bytes}")
+            try:
+                data = self.rfile.read(length)
+            except TimeoutError:
+                raise Refused(408, "body", f"the body did not arrive within io_timeout_s="
+                                           f"{endpoint.config.io_timeout_s:g}") from None
+            try:
+                body = json.loads(data or b"{}")
+            except (ValueError, RecursionError):
+                raise Refused(400, "body", "the body is not JSON") from None
+            if not isinstance(body, dict):
+                raise Refused(400, "body", "the body must be a JSON object")
+            return body
+
+        def do_GET(self) -> None:  # noqa: N802 - the base class's name
+            self._route("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._route("POST")
+
+    return Handler

@@ -1,0 +1,107 @@
+"""The OpenEnv server in front of the environment service (zerobubble.environment.openenv_server) under the fuzz:
+the hostile JSON bodies of the reward service's HTTP fuzz to /reset and /step, and garbage WebSocket messages, each
+answered below 500 (or with an error message) at once, while the server goes on playing episodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from zerobubble.common.config import load_config
+from zerobubble.environment.app import build
+from zerobubble.environment.config import EnvironmentServiceConfig
+from zerobubble.tooling.fuzz.http_abuse import hostile_bodies
+
+ANSWER_WITHIN_S = 10.0
+# As tests/fuzz/conftest.py reads it (not imported from there: another folder's conftest may hold that name).
+SEED = int(os.environ.get("ZEROBUBBLE_FUZZ_SEED", "0"))
+WS_GARBAGE = ["not json", "[]", "null", '{"type": "reset", "data": [1]}', '{"type": "step", "data": {}}',
+              '{"type": "step", "data": {"message": 5}}', '{"type": "nonsense"}', '{"type": "reset", "data": '
+              '{"environment": "nowhere"}}', "[" * 10_000 + "]" * 10_000, '{"type": "reset", "data": {"row": "x"}}']
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def openenv_port():
+    config = load_config(EnvironmentServiceConfig, overrides={
+        "server.listen": "127.0.0.1:0", "environments": [{"name": "calculator", "builtin": "calculator"}]})
+    host = build(config).start()
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "zerobubble.environment.openenv_server", "--set",
+                                f"listen=127.0.0.1:{port}", "--set", f"environment.address={host.address}"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    yield port
+    process.kill()
+    process.wait()
+    host.stop(grace=1.0)
+
+
+def _post(port: int, path: str, body: bytes) -> int | None:
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=ANSWER_WITHIN_S) as conn:
+            conn.sendall(head + body)
+            parts = conn.makefile("rb").readline().split()
+    except OSError:
+        return None
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
+def _plays(port: int) -> bool:
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{port}/ws", open_timeout=ANSWER_WITHIN_S) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {}}))
+        opened = json.loads(ws.recv(timeout=ANSWER_WITHIN_S))
+        ws.send(json.dumps({"type": "step", "data": {"message": "@calculator(1)"}}))
+        stepped = json.loads(ws.recv(timeout=ANSWER_WITHIN_S))
+    return opened["type"] == "observation" and stepped["data"]["done"] is True
+
+
+def test_hostile_json_to_reset_and_step_is_answered_below_500(openenv_port):
+    findings = []
+    for name, body in hostile_bodies(random.Random(SEED)).items():
+        for path in ("/reset", "/step"):
+            started = time.monotonic()
+            status = _post(openenv_port, path, body)
+            if status is None or status >= 500 or time.monotonic() - started > ANSWER_WITHIN_S:
+                findings.append(f"{path} {name}: {status} after {time.monotonic() - started:.1f} s")
+    assert not findings, "\n".join(findings)
+    health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{openenv_port}/health", timeout=10).read())
+    assert health["status"] == "healthy" and _plays(openenv_port)
+
+
+def test_garbage_websocket_messages_get_errors_and_the_session_goes_on(openenv_port):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    answers = {}
+    for message in WS_GARBAGE:
+        with connect(f"ws://127.0.0.1:{openenv_port}/ws", open_timeout=ANSWER_WITHIN_S) as ws:
+            ws.send(message)
+            try:
+                answers[message[:40]] = json.loads(ws.recv(timeout=ANSWER_WITHIN_S))["type"]
+            except ConnectionClosed:
+                answers[message[:40]] = "closed"
+    assert set(answers.values()) <= {"error", "closed"}, answers
+    assert _plays(openenv_port)

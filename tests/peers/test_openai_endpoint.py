@@ -1,0 +1,165 @@
+"""The OpenAI-compatible endpoint of a real rollout service (tiny model, transformers engine, a real buffer) driven
+by the real `openai` client: a small agent loop of several calls with a tool, whose recorded samples hold exactly the
+token ids the client received, the model's tokens unmasked and everything between them masked; and the edges
+(unknown fields, huge max_tokens, n > 1, streaming, no token, unknown sessions) refused naming the field."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+from stack import start_buffer, tiny_assets
+
+from zerobubble.common.config import load_config
+from zerobubble.rollout.app import build
+from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.rollout.openai_endpoint import Call, stitch
+
+TOKEN = "s3cret-token"
+MAX_NEW_TOKENS = 6
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory, monkeypatch_module):
+    folder = tmp_path_factory.mktemp("tiny")
+    model, train, _ = tiny_assets(folder, train_size=2, eval_size=1)
+    buffer = start_buffer(train, folder / "wal", **{"run_spec.max_new_tokens": MAX_NEW_TOKENS,
+                                                    "run_spec.max_prompt_tokens": 256})
+    monkeypatch_module.setenv("PEERS_ROLLOUT_TOKEN", TOKEN)
+    config = load_config(RolloutServiceConfig, None, {
+        "server.listen": "127.0.0.1:0", "server.metrics_port": None, "server.grace_seconds": 0.5,
+        "server.auth_token_env": "PEERS_ROLLOUT_TOKEN", "buffer.auth_token_env": "PEERS_ROLLOUT_TOKEN",
+        "worker_id": "openai", "model.path": str(model), "trainer": None, "buffer.address": buffer.address,
+        # A reward service that never answers: the worker's loop waits after its first batch.
+        "reward_service.address": f"127.0.0.1:{free_port()}", "reward_service.retry_seconds": 3600,
+        "openai.enabled": True, "openai.max_sessions": 2})
+    host = build(config).start()
+    yield f"http://127.0.0.1:{host.openai.port}"
+    host.stop(0.5)
+    buffer.stop(0)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def post(url: str, body: dict, token: str | None = TOKEN) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_an_agent_loop_through_the_openai_client_is_recorded_token_for_token(endpoint):
+    from openai import OpenAI
+
+    status, opened = post(f"{endpoint}/v1/sessions", {"row": {"ground_truth": "7"}})
+    assert status == 200
+    client = OpenAI(base_url=f"{endpoint}{opened['base_url']}", api_key=TOKEN, max_retries=0)
+    assert [model.id for model in client.models.list().data] == ["zerobubble-policy"]
+    tools = [{"type": "function", "function": {"name": "add", "description": "Adds.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+    messages = [{"role": "user", "content": "What is 3+4? Use the tool."}]
+    received = []
+    for turn in range(3):
+        answer = client.chat.completions.create(model="zerobubble-policy", messages=messages, tools=tools,
+                                                max_tokens=MAX_NEW_TOKENS, temperature=1.0)
+        extra = answer.model_extra
+        received.append(Call(extra["prompt_token_ids"], extra["completion_token_ids"], [], extra["policy_version"]))
+        assert 0 < answer.usage.completion_tokens == len(extra["completion_token_ids"]) <= MAX_NEW_TOKENS
+        # The agent's tool runs on its side; its result goes back as the next call's messages.
+        messages += [{"role": "assistant", "content": answer.choices[0].message.content},
+                     {"role": "tool", "content": str(3 + 4 + turn)}]
+    status, closed = post(f"{endpoint}/v1/sessions/{opened['session_id']}/close", {"reward": 1.0})
+    assert status == 200 and closed["reward"] == 1.0 and closed["row"] == {"ground_truth": "7"}
+    samples = closed["samples"]
+    expected = stitch(received)
+    assert [(s["prompt_ids"], s["response_ids"], s["loss_mask"]) for s in samples] == [
+        (s["prompt_ids"], s["response_ids"], s["loss_mask"]) for s in expected]
+    # Every token the client received is in a sample, unmasked, with a behaviour log-prob; nothing else is.
+    model_tokens = [token for sample in samples for token, mask in zip(sample["response_ids"], sample["loss_mask"],
+                                                                       strict=True) if mask]
+    assert model_tokens == [token for call in received for token in call.completion_ids]
+    pairs = [(value, mask) for sample in samples for value, mask in zip(sample["logprobs"], sample["loss_mask"],
+                                                                        strict=True)]
+    assert all(value <= 0.0 for value, mask in pairs if mask) and any(value < 0.0 for value, mask in pairs if mask)
+    assert all(value == 0.0 for value, mask in pairs if not mask)
+    assert all(sample["policy_versions"][i] == received[0].policy_version for sample in samples
+               for i, mask in enumerate(sample["loss_mask"]) if mask)
+    # The tiny model's chat template re-renders an assistant turn other than as sampled, so the calls fork here;
+    # test_calls_that_extend_each_other_form_one_sample_and_one_that_does_not_forks covers the extension.
+    assert 1 <= len(samples) <= 3
+
+
+def test_calls_that_extend_each_other_form_one_sample_and_one_that_does_not_forks():
+    calls = [Call([1, 2], [3, 4], [-0.1, -0.2], 5), Call([1, 2, 3, 4, 9], [6], [-0.3], 6),
+             Call([1, 7], [8], [-0.4], 6)]
+    first, second = stitch(calls)
+    assert first == {"prompt_ids": [1, 2], "response_ids": [3, 4, 9, 6], "loss_mask": [1, 1, 0, 1],
+                     "logprobs": [-0.1, -0.2, 0.0, -0.3], "policy_versions": [5, 5, -1, 6]}
+    assert second["prompt_ids"] == [1, 7] and second["loss_mask"] == [1]
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"max_tokens": 10 ** 9}, "max_tokens"),
+    ({"n": 3}, "n"),
+    ({"stream": True}, "stream"),
+    ({"temperature": -1}, "temperature"),
+    ({"messages": "hi"}, "messages"),
+])
+def test_bad_requests_are_refused_naming_the_field(endpoint, extra, field):
+    status, opened = post(f"{endpoint}/v1/sessions", {})
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    status, refused = post(f"{endpoint}{opened['base_url']}/chat/completions", body)
+    assert status == 400 and refused["error"]["param"] == field, refused
+    post(f"{endpoint}/v1/sessions/{opened['session_id']}/close", {"reward": 0})
+
+
+def test_the_token_sessions_and_their_limit_are_enforced(endpoint):
+    status, refused = post(f"{endpoint}/v1/sessions", {}, token="wrong")
+    assert status == 401 and refused["error"]["param"] == "Authorization"
+    status, refused = post(f"{endpoint}/sessions/nope/v1/chat/completions",
+                           {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 404 and refused["error"]["param"] == "session_id"
+    opened = [post(f"{endpoint}/v1/sessions", {})[1] for _ in range(2)]
+    status, refused = post(f"{endpoint}/v1/sessions", {})
+    assert status == 429
+    for session in opened:
+        assert post(f"{endpoint}/v1/sessions/{session['session_id']}/close", {"reward": 0})[0] == 200
+    status, refused = post(f"{endpoint}/v1/sessions/{opened[0]['session_id']}/close", {"reward": 0})
+    assert status == 404
+
+
+def test_a_session_never_closed_is_dropped_after_its_idle_time():
+    import time
+
+    from zerobubble.rollout.config import OpenAIEndpointConfig
+    from zerobubble.rollout.openai_endpoint import OpenAIEndpoint
+
+    config = OpenAIEndpointConfig(enabled=True, max_sessions=1, session_idle_s=0.3)
+    endpoint = OpenAIEndpoint(config, worker=None, max_new_tokens=4, token=None).start()
+    try:
+        url = f"http://127.0.0.1:{endpoint.port}"
+        forgotten = post(f"{url}/v1/sessions", {}, token=None)[1]
+        assert post(f"{url}/v1/sessions", {}, token=None)[0] == 429
+        time.sleep(0.5)
+        assert post(f"{url}/v1/sessions", {}, token=None)[0] == 200
+        status, gone = post(f"{url}/v1/sessions/{forgotten['session_id']}/close", {"reward": 0}, token=None)
+        assert status == 404 and gone["error"]["param"] == "session_id"
+    finally:
+        endpoint.stop()
