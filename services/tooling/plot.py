@@ -32,7 +32,9 @@ class Panel:
 
 PANELS = (
     Panel("reward", "mean reward", (("reward_mean", "reward"),)),
-    Panel("accuracy", "fraction", (("answer_accuracy", "answer"), ("format_accuracy", "format"))),
+    # Tool calls per sample: the share of samples that call a tool, when episodes call one at most.
+    Panel("accuracy", "fraction", (("answer_accuracy", "answer"), ("format_accuracy", "format"),
+                                   ("tool_calls_mean", "tool calls per sample"))),
     Panel("KL to the reference", "k3 KL", (("kl", "kl"),)),
     Panel("entropy", "nats per token", (("entropy", "entropy"),)),
     Panel("response length", "tokens", (("response_length_mean", "mean"), ("response_length_max", "max"))),
@@ -134,7 +136,7 @@ def _draw(run_dir: Path, steps: list[dict], evals: dict[str, tuple[list[float], 
                 _draw_series(ax, xs, ys, label, color)
                 drawn += 1
         if index == ACCURACY_PANEL:
-            for (dataset, (xs, ys)), color in zip(evals.items(), colors[2:], strict=False):
+            for (dataset, (xs, ys)), color in zip(evals.items(), colors[len(panel.series):], strict=False):
                 ax.plot(xs, ys, color=color, marker="s", markersize=4, linestyle="--", label=f"eval pass@1 {dataset}")
                 drawn += 1
         if drawn:

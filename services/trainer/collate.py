@@ -36,6 +36,8 @@ class ExperienceBatch:
     temperatures: torch.Tensor        # [N] float32: each sample's sampling temperature
     versions: torch.Tensor            # [N] long: the oldest policy version among each sample's tokens
     token_versions: torch.Tensor      # [N, T] long: the version that drew each token (padding: the sample's)
+    turns: torch.Tensor               # [N] float32: assistant turns of each sample's episode (1: single turn)
+    tool_calls: torch.Tensor          # [N] float32: tool calls of each sample's episode
     group_size: int                   # G: samples i*G..(i+1)*G-1 answer the same prompt
     prompt_length: int                # P
 
@@ -143,6 +145,9 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
         temperatures=torch.tensor([t.temperature for t in trajectories], dtype=torch.float32),
         versions=versions,
         token_versions=token_versions,
+        turns=torch.tensor([t.episode.turns if t.HasField("episode") else 1 for t in trajectories],
+                           dtype=torch.float32),
+        tool_calls=torch.tensor([t.episode.tool_calls for t in trajectories], dtype=torch.float32),
         group_size=sizes.pop(),
         prompt_length=p_len,
     )

@@ -59,6 +59,8 @@ FIGURES: tuple[Figure, ...] = (
            dashboard="pipeline"),
     Figure("staleness_token_mean", "token-weighted mean policy versions between drawing a token and training on "
            "it (below staleness_mean when workers take weights mid-sequence)", dashboard="pipeline"),
+    Figure("turns_mean", "mean assistant turns of a sample's episode (1 for single-turn samples)"),
+    Figure("tool_calls_mean", "mean tool calls of a sample's episode"),
     Figure("samples", "samples trained on", ranks="sum", gauge=False),
     Figure("tokens", "prompt and response tokens trained on", ranks="sum", gauge=False),
     # Timing, measured by rank 0 after the ranks' figures are combined (services/trainer/loop.py, _train).

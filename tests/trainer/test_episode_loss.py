@@ -35,13 +35,17 @@ def episode_group(rng, masks=MASKS, *, observation_logprob=0.0, rewards=(1.0, 0.
 
 
 def test_the_hand_computed_loss_of_a_two_turn_episode_counts_the_models_tokens_only():
-    batch = collate([episode_group(np.random.default_rng(0))], pad_id=0)
+    group = episode_group(np.random.default_rng(0))
+    group.trajectories[0].episode.CopyFrom(common_pb2.EpisodeInfo(turns=2, tool_calls=1))
+    group.trajectories[1].episode.CopyFrom(common_pb2.EpisodeInfo(turns=2, tool_calls=0))
+    batch = collate([group], pad_id=0)
     mask = batch.response_mask.bool()
     assert mask.tolist() == [[True, True, False, False, True], [True, False, True, False, False]]
     assert batch.response_lengths.tolist() == [3.0, 2.0]
     figures = experience_figures(batch, policy_version=0)
     assert (figures["response_length_mean"], figures["response_length_max"]) == (2.5, 3.0)
     assert figures["tokens"] == 4 + 4 + 5 + 3    # prompts and responses, observations included: what was computed
+    assert (figures["turns_mean"], figures["tool_calls_mean"]) == (2.0, 0.5)
     # Ratios against old log-probs of 0; the observation positions get ratio 5, which would move every figure.
     ratios = torch.tensor([[1.1, 0.9, 5.0, 5.0, 1.0], [0.7, 5.0, 1.0, 5.0, 5.0]], dtype=F64)
     logp = ratios.log().requires_grad_()
