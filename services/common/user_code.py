@@ -38,3 +38,11 @@ def shown(value: Any) -> str:
     except Exception:  # noqa: BLE001 - an object whose str() fails still gets a reason
         text = f"<{type(value).__name__}>"
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+
+
+def refuse_token_in_env(token_env: str | None, env: dict[str, str], field: str, who: str) -> None:
+    """Raise ValueError naming `field` when the workers' environment `env` would hand users' code (`who`) the
+    variable holding the service's bearer token."""
+    if token_env is not None and token_env in env:
+        raise ValueError(f"{field}: {token_env!r} holds the bearer token (server.auth_token_env); {who} must not "
+                         "get it")

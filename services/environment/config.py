@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from zerobubble.common.config import Schema, ServerConfig
 from zerobubble.common.sandbox.config import SandboxConfig
+from zerobubble.common.user_code import refuse_token_in_env
 
 _NAME = r"[A-Za-z_][\w.-]*"
 _TARGET = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
@@ -213,7 +214,5 @@ class EnvironmentServiceConfig(Schema):
 
     @model_validator(mode="after")
     def _token_stays_out(self) -> EnvironmentServiceConfig:
-        if self.server.auth_token_env is not None and self.server.auth_token_env in self.workers.env:
-            raise ValueError(f"workers.env: {self.server.auth_token_env!r} holds the bearer token "
-                             "(server.auth_token_env); environments must not get it")
+        refuse_token_in_env(self.server.auth_token_env, self.workers.env, "workers.env", "environments")
         return self

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from zerobubble.common.config import Schema, ServerConfig
 from zerobubble.common.sandbox.config import SandboxConfig
+from zerobubble.common.user_code import refuse_token_in_env
 
 # The verifiers the service always has, and the ground truth each reads.
 BUILTIN_GROUND_TRUTH = {"boxed": "gt_answer", "think_answer_tags": "gt_answer", "code": "test_cases"}
@@ -177,9 +178,7 @@ class RewardServiceConfig(Schema):
 
     @model_validator(mode="after")
     def _token_stays_out(self) -> RewardServiceConfig:
-        if self.server.auth_token_env is not None and self.server.auth_token_env in self.math.env:
-            raise ValueError(f"math.env: {self.server.auth_token_env!r} holds the bearer token "
-                             "(server.auth_token_env); verifiers must not get it")
+        refuse_token_in_env(self.server.auth_token_env, self.math.env, "math.env", "verifiers")
         return self
 
     @model_validator(mode="after")

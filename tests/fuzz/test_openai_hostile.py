@@ -18,6 +18,7 @@ from zerobubble.common.config import load_config
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.fuzz.http_abuse import hostile_bodies
+from zerobubble.tooling.fuzz.wire import post_status
 
 ANSWER_WITHIN_S = 10.0
 # As tests/fuzz/conftest.py reads it (not imported from there: another folder's conftest may hold that name).
@@ -47,15 +48,7 @@ def port(tmp_path_factory):
 
 
 def _post(port: int, path: str, body: bytes) -> int | None:
-    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=ANSWER_WITHIN_S) as conn:
-            conn.sendall(head + body)
-            parts = conn.makefile("rb").readline().split()
-    except OSError:
-        return None
-    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return post_status(f"127.0.0.1:{port}", path, body, timeout=ANSWER_WITHIN_S)
 
 
 def _session(port: int) -> str:

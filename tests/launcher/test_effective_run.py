@@ -65,6 +65,16 @@ def test_shipped_configs_are_found_by_name_and_a_wrong_name_lists_them(tmp_path)
         up_config(parse("--config", "qwen-typo"))
 
 
+def test_the_tool_demo_plays_every_row_in_the_calculator_it_starts():
+    tool_demo = up_config(parse("--config", "tool-demo"))
+    assert tool_demo.runs_environments and tool_demo.run.episodes.route(None).environment == "calculator"
+    assert [entry["name"] for entry in tool_demo.environment["environments"]] == ["calculator"]
+    assert tool_demo.tiny_model.warm_start_tool_use.call == "@calculator({expression})"
+    # Without the environment it names, the run is refused before anything starts, naming both sections.
+    with pytest.raises(ConfigError, match="run.episodes plays rows in 'calculator', which environment.environments"):
+        up_config(parse("--config", "tool-demo", "--set", "environment.environments=[]"))
+
+
 def test_dry_run_shows_each_setting_its_source_and_what_is_derived_and_starts_nothing(rows, tmp_path, capsys,
                                                                                       no_children):
     run_dir = tmp_path / "run"

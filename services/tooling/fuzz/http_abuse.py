@@ -28,23 +28,9 @@ SLOW_STARTS = {
 }
 
 
-def _endpoint(deployment: Deployment) -> tuple[str, int]:
-    host, _, port = deployment.reward_http.rpartition(":")
-    return host, int(port)
-
-
 def post(deployment: Deployment, path: str, body: bytes, timeout: float = 2 * ANSWER_AT_ONCE_S) -> int | None:
-    """The HTTP status of `body` POSTed to `path` on a fresh connection; None when no answer came."""
-    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
-    try:
-        with socket.create_connection(_endpoint(deployment), timeout=timeout) as conn:
-            conn.sendall(head + body)
-            status_line = conn.makefile("rb").readline()
-    except OSError:
-        return None
-    parts = status_line.split()
-    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    """The HTTP status of `body` POSTed to `path` of the reward service on a fresh connection (None: no answer)."""
+    return wire.post_status(deployment.reward_http, path, body, timeout=timeout)
 
 
 def hostile_bodies(rng: random.Random) -> dict[str, bytes]:

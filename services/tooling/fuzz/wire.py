@@ -26,6 +26,19 @@ def _endpoint(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def post_status(address: str, path: str, body: bytes, *, timeout: float) -> int | None:
+    """The HTTP status of `body` POSTed to `path` at HOST:PORT on a fresh connection; None when no answer came."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    try:
+        with socket.create_connection(_endpoint(address), timeout=timeout) as conn:
+            conn.sendall(head + body)
+            parts = conn.makefile("rb").readline().split()
+    except OSError:
+        return None
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
 def junk_payloads(rng: random.Random) -> dict[str, bytes]:
     """What a confused or hostile peer might send instead of HTTP/2, by name."""
     # A frame header announcing 16 MiB of DATA on stream 1, followed by far less.
