@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 # What any program needs to run; everything else of the service's environment (its token) stays out.
@@ -40,9 +40,9 @@ def shown(value: Any) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
 
 
-def refuse_token_in_env(token_env: str | None, env: dict[str, str], field: str, who: str) -> None:
-    """Raise ValueError naming `field` when the workers' environment `env` would hand users' code (`who`) the
-    variable holding the service's bearer token."""
+def refuse_token_in_env(token_env: str | None, env: Collection[str], field: str, who: str) -> None:
+    """Raise ValueError naming `field` when the variables passed on to the workers (`env`) would hand users' code
+    (`who`) the one holding the service's bearer token."""
     if token_env is not None and token_env in env:
         raise ValueError(f"{field}: {token_env!r} holds the bearer token (server.auth_token_env); {who} must not "
                          "get it")
