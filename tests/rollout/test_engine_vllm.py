@@ -175,3 +175,25 @@ def test_a_synced_adapter_merged_on_the_rollout_side_matches_the_transformers_en
         assert tokens_of(ours) == tokens_of(theirs)
         for a, b in zip(ours, theirs, strict=True):
             np.testing.assert_allclose(a[0].logprobs, b[0].logprobs, atol=LOGPROB_TOLERANCE)
+
+
+def test_greedy_episodes_are_the_same_tokens_and_masks_on_both_engines(on_varied, hf_engine):
+    """Multi-turn episodes through the vLLM engine: the driver is engine-blind, so greedy turns and the observations
+    between them come out as the transformers engine makes them."""
+    from test_episode_driver import ScriptedEnvironments
+    from test_episode_driver import prompts as episode_prompts
+
+    from zerobubble.common.episodes import EpisodeSpec
+    from zerobubble.rollout.episodes.driver import EpisodeDriver
+    from zerobubble.rollout.episodes.render import TurnRenderer
+    from zerobubble.rollout.episodes.sessions import StepOutcome
+
+    played = []
+    for engine in (on_varied, hf_engine):
+        spec = EpisodeSpec(default={"environment": "echo"}, max_turn_tokens=8)
+        environments = ScriptedEnvironments([StepOutcome("obs!"), StepOutcome(None, done=True)])
+        driver = EpisodeDriver(environments, TurnRenderer(engine.tokenizer, 64), spec, max_new_tokens=96)
+        _, samples = driver.play(engine, episode_prompts(engine, 3), greedy(8))
+        played.append([(s.token_ids.tolist(), s.loss_mask.tolist(), s.episode.turns) for p in samples for s in p])
+    assert played[0] == played[1]
+    assert all(turns == 2 and 0 in mask for _, mask, turns in played[0])
