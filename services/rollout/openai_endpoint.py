@@ -132,7 +132,7 @@ class OpenAIEndpoint:
         if lease.end_of_data:
             raise Refused(410, "groups", "the data is finished: no more prompts will come")
         if not lease.prompts:
-            raise Refused(503, "groups", "no prompt can be leased now (the buffer is full or training has "
+            raise Refused(429, "groups", "no prompt can be leased now (the buffer is full or training has "
                                          "finished); ask again later")
         group_id = uuid.uuid4().hex
         row = row_of(lease.prompts[0])
@@ -174,7 +174,13 @@ class OpenAIEndpoint:
                     group = None
         answer = {"session_id": session_id, "reward": reward, "row": session.row, "samples": samples}
         if group is not None:
-            answer["group"] = self.pusher.push(group)
+            try:
+                answer["group"] = self.pusher.push(group)
+            except Exception as exc:  # noqa: BLE001 - the buffer or reward service stayed away past its retries
+                log.warning("the group of prompt %s could not be pushed: %r", group.prompt.prompt_id, exc)
+                self.pusher.give_back(group)
+                raise Refused(503, "group", f"the group could not be scored or pushed ({exc}); its prompt went "
+                                            "back to the buffer") from None
         return answer
 
     def complete(self, session_id: str, body: dict) -> dict:

@@ -116,7 +116,7 @@ def test_a_group_whose_session_goes_idle_gives_its_prompt_back_and_pushes_nothin
     status, closed = post(f"{endpoint}/v1/sessions/{group['sessions'][0]}/close", {"reward": 0.5})
     assert status == 200 and "group" not in closed
     # The data has no third prompt: while this group holds the last one, nothing is left to lease.
-    assert post(f"{endpoint}/v1/groups", {})[0] == 503
+    assert post(f"{endpoint}/v1/groups", {})[0] == 429
     time.sleep(IDLE_S + 0.5)
     # The idle session is dropped with its group, whose prompt goes back: it can be leased again.
     deadline = time.monotonic() + 30
