@@ -100,6 +100,13 @@ class OpenAIEndpointConfig(Schema):
     exclusive: bool = Field(False, description="the worker leases and generates nothing itself: prompts reach the "
                             "model only as the endpoint's groups (POST /v1/groups), as when an outside agent trains")
 
+    @model_validator(mode="after")
+    def _exclusive_needs_enabled(self) -> OpenAIEndpointConfig:
+        if self.exclusive and not self.enabled:
+            # The worker would wait forever for groups that nothing can lease.
+            raise ValueError("openai.exclusive needs openai.enabled: true (else nothing would generate)")
+        return self
+
 
 class RolloutServiceConfig(Schema):
     server: ServerConfig = ServerConfig(listen="127.0.0.1:50054")

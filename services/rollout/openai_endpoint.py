@@ -6,7 +6,8 @@ A session is opened with its prompt row (`POST /v1/sessions`), its calls go to `
 (the OpenAI client's `base_url` is `.../sessions/ID/v1`), and `POST /v1/sessions/ID/close {reward}` ends it and
 answers its samples: calls that extend the previous one token for token form one sample (the model's tokens
 unmasked, everything between them masked); a call that does not starts a new one (stitch()). Off by default; behind
-the service's bearer token. Each answer also carries `prompt_token_ids` and `completion_token_ids`.
+the service's bearer token. Each answer also carries `prompt_token_ids` and `completion_token_ids`. Sessions opened
+as a group (`POST /v1/groups`) are pushed to the buffer as one training group when the last closes (openai_groups.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from stack import start_buffer, start_reward, tiny_assets
 
-from zerobubble.common.config import load_config
+from zerobubble.common.config import ConfigError, load_config
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.openai_groups import common_prefix
@@ -132,3 +132,9 @@ def test_a_group_whose_session_goes_idle_gives_its_prompt_back_and_pushes_nothin
     status, refused = post(f"{endpoint}/v1/sessions/{again}/close", {"reward": "high"})
     assert status == 400 and refused["error"]["param"] == "reward"
 
+
+
+def test_exclusive_without_the_endpoint_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        load_config(RolloutServiceConfig, None, {"model.path": str(tmp_path), "openai.exclusive": True})
+    assert "openai" in str(refused.value) and "exclusive" in str(refused.value)
