@@ -17,7 +17,8 @@ from stack import start_buffer, start_reward, tiny_assets
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
-from zerobubble.rollout.openai_groups import common_prefix
+from zerobubble.rollout.openai_endpoint import Call, stitch
+from zerobubble.rollout.openai_groups import common_prefix, trajectory_sample
 
 TOKEN = "groups-token"
 MAX_NEW_TOKENS = 6
@@ -138,3 +139,14 @@ def test_exclusive_without_the_endpoint_is_refused_naming_the_field(tmp_path):
     with pytest.raises(ConfigError) as refused:
         load_config(RolloutServiceConfig, None, {"model.path": str(tmp_path), "openai.exclusive": True})
     assert "openai" in str(refused.value) and "exclusive" in str(refused.value)
+
+
+def test_a_chains_prompt_past_the_groups_prefix_is_masked_and_takes_the_next_sampled_version():
+    chain = {**stitch([Call([1, 2, 3], [4, 5], [-0.1, -0.2], 7), Call([1, 2, 3, 4, 5, 9], [6], [-0.3], 8)])[-1],
+             "finish_reason": "length"}
+    assert common_prefix([[1, 2, 3], [1, 2, 8, 8]]) == [1, 2]
+    sample = trajectory_sample(chain, 2, "six")
+    assert sample.token_ids.tolist() == [3, 4, 5, 9, 6]
+    assert sample.loss_mask.tolist() == [0, 1, 1, 0, 1]
+    assert sample.logprobs.tolist() == pytest.approx([0.0, -0.1, -0.2, 0.0, -0.3])
+    assert sample.versions.tolist() == [7, 7, 7, 7, 8] and sample.finish_reason == "length"
