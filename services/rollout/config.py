@@ -97,6 +97,15 @@ class OpenAIEndpointConfig(Schema):
     session_idle_s: float = Field(600.0, gt=0, description="a session with no call for this long is dropped")
     max_body_bytes: int = Field(1024 * 1024, gt=0)
     io_timeout_s: float = Field(10.0, gt=0, description="reading a request (a slow sender is cut)")
+    exclusive: bool = Field(False, description="the worker leases and generates nothing itself: prompts reach the "
+                            "model only as the endpoint's groups (POST /v1/groups), as when an outside agent trains")
+
+    @model_validator(mode="after")
+    def _exclusive_needs_enabled(self) -> OpenAIEndpointConfig:
+        if self.exclusive and not self.enabled:
+            # The worker would wait forever for groups that nothing can lease.
+            raise ValueError("openai.exclusive needs openai.enabled: true (else nothing would generate)")
+        return self
 
 
 class RolloutServiceConfig(Schema):

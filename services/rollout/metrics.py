@@ -32,6 +32,9 @@ class RolloutMetrics:
         self.episode_turns = Counter(f"{PREFIX}_episode_turns", "assistant turns of episodes", registry=registry)
         self.episode_tool_calls = Counter(f"{PREFIX}_episode_tool_calls", "tool calls of episodes",
                                           registry=registry)
+        self.openai_chains_dropped = Counter(f"{PREFIX}_openai_chains_dropped", "chains of calls of OpenAI "
+                                             "endpoint sessions that forked, not trained (each session trains its "
+                                             "last)", registry=registry)
         self.eval_pass_at_1 = Gauge(f"{PREFIX}_eval_pass_at_1", "last evaluation's pass@1", ["dataset"],
                                     registry=registry)
         self.eval_pass_at_k = Gauge(f"{PREFIX}_eval_pass_at_k", "last evaluation's pass@k", ["dataset"],

@@ -6,7 +6,8 @@ A session is opened with its prompt row (`POST /v1/sessions`), its calls go to `
 (the OpenAI client's `base_url` is `.../sessions/ID/v1`), and `POST /v1/sessions/ID/close {reward}` ends it and
 answers its samples: calls that extend the previous one token for token form one sample (the model's tokens
 unmasked, everything between them masked); a call that does not starts a new one (stitch()). Off by default; behind
-the service's bearer token. Each answer also carries `prompt_token_ids` and `completion_token_ids`.
+the service's bearer token. Each answer also carries `prompt_token_ids` and `completion_token_ids`. Sessions opened
+as a group (`POST /v1/groups`) are pushed to the buffer as one training group when the last closes (openai_groups.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from zerobubble.rollout.config import OpenAIEndpointConfig
 from zerobubble.rollout.engine import SamplingError, SamplingSettings
+from zerobubble.rollout.openai_groups import Group, GroupPusher, row_of
 
 log = logging.getLogger(__name__)
 _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "n",
@@ -41,6 +43,8 @@ class Call:
     completion_ids: list[int]
     logprobs: list[float]
     policy_version: int
+    finish_reason: str = "stop"
+    temperature: float = 1.0
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Session:
     row: dict
     calls: list[Call] = field(default_factory=list)
     last_used: float = field(default_factory=time.monotonic)
+    group_id: str | None = None
 
 
 def stitch(calls: list[Call]) -> list[dict]:
@@ -79,6 +84,8 @@ class OpenAIEndpoint:
         self.max_new_tokens = max_new_tokens
         self._expected = f"Bearer {token}" if token else None
         self._sessions: dict[str, Session] = {}
+        self._groups: dict[str, Group] = {}
+        self.pusher = GroupPusher(worker)
         self._lock = threading.Lock()
         host, port = config.listen.rsplit(":", 1)
         self._server = ThreadingHTTPServer((host, int(port)), _handler(self))
@@ -114,16 +121,68 @@ class OpenAIEndpoint:
             self._sessions[session_id] = Session(row)
         return {"session_id": session_id, "base_url": f"/sessions/{session_id}/v1"}
 
+    def open_group(self) -> dict:
+        """Lease one prompt and open run_spec.num_generations sessions on it (see openai_groups.py)."""
+        size = self.worker.spec.num_generations
+        with self._lock:
+            self._expire()
+            if len(self._sessions) + size > self.config.max_sessions:
+                raise Refused(429, "sessions", f"a group of {size} sessions would pass max_sessions="
+                                               f"{self.config.max_sessions}")
+        lease = self.pusher.lease()
+        if lease.end_of_data:
+            raise Refused(410, "groups", "the data is finished: no more prompts will come")
+        if not lease.prompts:
+            raise Refused(429, "groups", "no prompt can be leased now (the buffer is full or training has "
+                                         "finished); ask again later")
+        group_id = uuid.uuid4().hex
+        row = row_of(lease.prompts[0])
+        sessions = [uuid.uuid4().hex for _ in range(size)]
+        with self._lock:
+            self._groups[group_id] = Group(lease, sessions)
+            for session_id in sessions:
+                self._sessions[session_id] = Session(row, group_id=group_id)
+        return {"group_id": group_id, "row": row, "sessions": sessions,
+                "base_urls": [f"/sessions/{session_id}/v1" for session_id in sessions]}
+
     def close(self, session_id: str, body: dict) -> dict:
         reward = body.get("reward")
-        if isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward:
-            raise Refused(400, "reward", "reward: must be a number")
         with self._lock:
-            session = self._sessions.pop(session_id, None)
+            session = self._sessions.get(session_id)
         if session is None:
             raise Refused(404, "session_id", f"no open session {session_id!r}")
-        return {"session_id": session_id, "reward": float(reward), "row": session.row,
-                "samples": stitch(session.calls)}
+        if (reward is not None or session.group_id is None) and (
+                isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward):
+            raise Refused(400, "reward", "reward: must be a number" + (" or null (the row's verifier scores the "
+                                                                       "final answer)" if session.group_id else ""))
+        reward = None if reward is None else float(reward)
+        if session.group_id is not None and not session.calls:
+            raise Refused(409, "session_id", "the session made no call: a group's session closes after its agent ran")
+        with self._lock:
+            if self._sessions.pop(session_id, None) is None:
+                raise Refused(404, "session_id", f"no open session {session_id!r}")
+            samples = stitch(session.calls)
+            group = self._groups.get(session.group_id) if session.group_id else None
+            if group is not None:
+                last = session.calls[-1]
+                group.closed[session_id] = ({**samples[-1], "finish_reason": last.finish_reason,
+                                             "temperature": last.temperature,
+                                             "last_completion": last.completion_ids}, reward)
+                self.worker.metrics.openai_chains_dropped.inc(len(samples) - 1)
+                if len(group.closed) == len(group.session_ids):
+                    del self._groups[session.group_id]
+                else:
+                    group = None
+        answer = {"session_id": session_id, "reward": reward, "row": session.row, "samples": samples}
+        if group is not None:
+            try:
+                answer["group"] = self.pusher.push(group)
+            except Exception as exc:  # noqa: BLE001 - the buffer or reward service stayed away past its retries
+                log.warning("the group of prompt %s could not be pushed: %r", group.prompt.prompt_id, exc)
+                self.pusher.give_back(group)
+                raise Refused(503, "group", f"the group could not be scored or pushed ({exc}); its prompt went "
+                                            "back to the buffer") from None
+        return answer
 
     def complete(self, session_id: str, body: dict) -> dict:
         with self._lock:
@@ -140,7 +199,8 @@ class OpenAIEndpoint:
         completion = [int(token) for token in sample.token_ids]
         logprobs = [float(value) for value in sample.logprobs]
         with self._lock:
-            session.calls.append(Call(prompt_ids, completion, logprobs, version))
+            session.calls.append(Call(prompt_ids, completion, logprobs, version, sample.finish_reason,
+                                      sampling.temperature))
         text = self.worker.engine.tokenizer.decode(completion, skip_special_tokens=True)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.config.model_name,
@@ -193,10 +253,20 @@ class OpenAIEndpoint:
         return ids, sampling
 
     def _expire(self) -> None:
+        """Drop idle sessions; a group that loses one can never finish: its other sessions go too and its prompt
+        goes back to the buffer (on a thread of its own, as this runs under the lock)."""
         cutoff = time.monotonic() - self.config.session_idle_s
         for session_id in [key for key, session in self._sessions.items() if session.last_used < cutoff]:
+            session = self._sessions.pop(session_id, None)
+            if session is None:
+                continue
             log.info("the OpenAI session %s had no call for %.0f s: dropped", session_id, self.config.session_idle_s)
-            del self._sessions[session_id]
+            group = self._groups.pop(session.group_id, None) if session.group_id else None
+            if group is not None:
+                for other in group.session_ids:
+                    self._sessions.pop(other, None)
+                threading.Thread(target=self.pusher.give_back, args=(group,), name="openai-give-back",
+                                 daemon=True).start()
 
 
 def _handler(endpoint: OpenAIEndpoint) -> type[BaseHTTPRequestHandler]:
@@ -233,6 +303,8 @@ def _handler(endpoint: OpenAIEndpoint) -> type[BaseHTTPRequestHandler]:
                 body = self._body()
                 if parts == ["v1", "sessions"]:
                     self._answer(200, endpoint.open(body))
+                elif parts == ["v1", "groups"]:
+                    self._answer(200, endpoint.open_group())
                 elif len(parts) == 4 and parts[:2] == ["v1", "sessions"] and parts[3] == "close":
                     self._answer(200, endpoint.close(parts[2], body))
                 elif len(parts) == 5 and parts[0] == "sessions" and parts[2:] == ["v1", "chat", "completions"]:

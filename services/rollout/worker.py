@@ -108,6 +108,11 @@ class RolloutWorker:
             self.finished.set()
 
     def _generate_batches(self) -> None:
+        if self.config.openai.exclusive:
+            # Groups come from the OpenAI endpoint's sessions; the loop only keeps the weights fresh.
+            while not self.stopping.wait(self.config.lease_wait_seconds):
+                self.safe_point()
+            return
         while not self.stopping.is_set():
             self.safe_point()
             started = time.monotonic()

@@ -64,7 +64,8 @@ def _answers(port: int) -> bool:
 
 def test_hostile_json_to_every_route_is_answered_below_500(port):
     session = _session(port)
-    paths = ("/v1/sessions", f"/sessions/{session}/v1/chat/completions", f"/v1/sessions/{session}/close")
+    paths = ("/v1/sessions", "/v1/groups", f"/sessions/{session}/v1/chat/completions",
+             f"/v1/sessions/{session}/close")
     findings = []
     for name, body in hostile_bodies(random.Random(SEED)).items():
         for path in paths:

@@ -1,0 +1,152 @@
+"""The OpenAI endpoint's sessions become training groups: a real rollout service that generates nothing itself
+(openai.exclusive), a real buffer and reward service, the real `openai` client. A group leased with POST /v1/groups
+is pushed to the buffer when its last session closes, each trajectory holding exactly the tokens its session's
+last calls sent and received; a session closed without a reward is scored by the row's verifier; a group one of
+whose sessions goes idle gives its prompt back."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from stack import start_buffer, start_reward, tiny_assets
+
+from zerobubble.common.config import ConfigError, load_config
+from zerobubble.rollout.app import build
+from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.rollout.openai_endpoint import Call, stitch
+from zerobubble.rollout.openai_groups import common_prefix, trajectory_sample
+
+TOKEN = "groups-token"
+MAX_NEW_TOKENS = 6
+IDLE_S = 4.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    model, train, _ = tiny_assets(folder, train_size=2, eval_size=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GROUPS_TOKEN", TOKEN)
+        reward = start_reward(**{"server.auth_token_env": "GROUPS_TOKEN"})
+        buffer = start_buffer(train, folder / "wal", **{
+            "run_spec.max_new_tokens": MAX_NEW_TOKENS, "run_spec.max_prompt_tokens": 256,
+            "run_spec.num_generations": 2, "server.auth_token_env": "GROUPS_TOKEN"})
+        config = load_config(RolloutServiceConfig, None, {
+            "server.listen": "127.0.0.1:0", "server.metrics_port": None, "server.grace_seconds": 0.5,
+            "server.auth_token_env": "GROUPS_TOKEN", "buffer.auth_token_env": "GROUPS_TOKEN",
+            "reward_service.auth_token_env": "GROUPS_TOKEN", "reward_service.address": reward.address,
+            "worker_id": "agents", "model.path": str(model), "trainer": None, "buffer.address": buffer.address,
+            "openai.enabled": True, "openai.exclusive": True, "openai.session_idle_s": IDLE_S})
+        host = build(config).start()
+        yield f"http://127.0.0.1:{host.openai.port}", buffer.core, host
+        host.stop(0.5)
+        buffer.stop(0)
+        reward.stop(0)
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def run_agent(endpoint: str, base_url: str, messages: list[dict], calls: int) -> list[dict]:
+    """A small agent loop through the openai client: a call, the tool's result, another call; what it received."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{endpoint}{base_url}", api_key=TOKEN, max_retries=0)
+    tools = [{"type": "function", "function": {"name": "add", "description": "Adds.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+    messages, received = list(messages), []
+    for turn in range(calls):
+        answer = client.chat.completions.create(model="zerobubble-policy", messages=messages, tools=tools,
+                                                max_tokens=MAX_NEW_TOKENS)
+        received.append(answer.model_extra)
+        messages += [{"role": "assistant", "content": answer.choices[0].message.content},
+                     {"role": "tool", "content": str(turn)}]
+    return received
+
+
+def test_a_groups_sessions_are_pushed_as_one_group_with_the_tokens_the_client_received(stack):
+    endpoint, buffer, host = stack
+    status, group = post(f"{endpoint}/v1/groups", {})
+    assert status == 200 and len(group["sessions"]) == 2, group
+    assert group["row"]["messages"] and "gt_answer" not in group["row"]
+    received = [run_agent(endpoint, base_url, group["row"]["messages"], calls)
+                for base_url, calls in zip(group["base_urls"], (3, 2), strict=True)]
+    status, first = post(f"{endpoint}/v1/sessions/{group['sessions'][0]}/close", {"reward": 1.0})
+    assert status == 200 and "group" not in first and buffer.stats()["groups_in"] == 0
+    # The second closes without a reward: the arithmetic verifier judges its last answer.
+    status, second = post(f"{endpoint}/v1/sessions/{group['sessions'][1]}/close", {})
+    assert status == 200, second
+    pushed = second["group"]
+    assert pushed["prompt_id"] == group["row"]["prompt_id"] and pushed["rewards"][0] == 1.0
+    assert pushed["rewards"][1] in (0.0, 1.0)
+    stats = buffer.stats()
+    assert stats["groups_in"] == 1 and stats["queued_groups"] == 1, stats
+    prefix = pushed["prompt_ids"]
+    assert prefix == common_prefix([[*calls[0]["prompt_token_ids"]] for calls in received])
+    for calls, trajectory in zip(received, pushed["trajectories"], strict=True):
+        last = calls[-1]
+        # The trained chain ends with the session's last call: its prompt and completion, token for token.
+        assert prefix + trajectory["response_ids"] == last["prompt_token_ids"] + last["completion_token_ids"]
+        mask = trajectory["loss_mask"]
+        assert mask[-len(last["completion_token_ids"]):] == [1] * len(last["completion_token_ids"])
+        unmasked = [t for t, m in zip(trajectory["response_ids"], mask, strict=True) if m]
+        # Only the model's own tokens train; the chain's prompt past the group's prefix is masked.
+        sampled = [t for call in calls for t in call["completion_token_ids"]]
+        assert unmasked == sampled[len(sampled) - len(unmasked):]
+        assert mask[:len(last["prompt_token_ids"]) - len(prefix)] == [0] * (len(last["prompt_token_ids"])
+                                                                            - len(prefix))
+
+
+def test_a_group_whose_session_goes_idle_gives_its_prompt_back_and_pushes_nothing(stack):
+    endpoint, buffer, _ = stack
+    before = buffer.stats()["groups_in"]
+    status, group = post(f"{endpoint}/v1/groups", {})
+    assert status == 200, group
+    run_agent(endpoint, group["base_urls"][0], group["row"]["messages"], 1)
+    status, closed = post(f"{endpoint}/v1/sessions/{group['sessions'][0]}/close", {"reward": 0.5})
+    assert status == 200 and "group" not in closed
+    # The data has no third prompt: while this group holds the last one, nothing is left to lease.
+    assert post(f"{endpoint}/v1/groups", {})[0] == 429
+    time.sleep(IDLE_S + 0.5)
+    # The idle session is dropped with its group, whose prompt goes back: it can be leased again.
+    deadline = time.monotonic() + 30
+    while (answer := post(f"{endpoint}/v1/groups", {}))[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert answer[0] == 200 and answer[1]["row"]["prompt_id"] == group["row"]["prompt_id"], answer
+    assert post(f"{endpoint}/v1/sessions/{group['sessions'][1]}/close", {"reward": 0})[0] == 404
+    assert buffer.stats()["groups_in"] == before
+    # A session of a group closes once its agent ran, with a number or no reward at all.
+    again = answer[1]["sessions"][0]
+    status, refused = post(f"{endpoint}/v1/sessions/{again}/close", {"reward": 1})
+    assert status == 409 and refused["error"]["param"] == "session_id"
+    status, refused = post(f"{endpoint}/v1/sessions/{again}/close", {"reward": "high"})
+    assert status == 400 and refused["error"]["param"] == "reward"
+
+
+
+def test_exclusive_without_the_endpoint_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        load_config(RolloutServiceConfig, None, {"model.path": str(tmp_path), "openai.exclusive": True})
+    assert "openai" in str(refused.value) and "exclusive" in str(refused.value)
+
+
+def test_a_chains_prompt_past_the_groups_prefix_is_masked_and_takes_the_next_sampled_version():
+    chain = {**stitch([Call([1, 2, 3], [4, 5], [-0.1, -0.2], 7), Call([1, 2, 3, 4, 5, 9], [6], [-0.3], 8)])[-1],
+             "finish_reason": "length"}
+    assert common_prefix([[1, 2, 3], [1, 2, 8, 8]]) == [1, 2]
+    sample = trajectory_sample(chain, 2, "six")
+    assert sample.token_ids.tolist() == [3, 4, 5, 9, 6]
+    assert sample.loss_mask.tolist() == [0, 1, 1, 0, 1]
+    assert sample.logprobs.tolist() == pytest.approx([0.0, -0.1, -0.2, 0.0, -0.3])
+    assert sample.versions.tolist() == [7, 7, 7, 7, 8] and sample.finish_reason == "length"
