@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 # The lanes, by where a test lives: `make test-fast` leaves out every test marked e2e, bench, fuzz or slow.
-LANE_OF_FOLDER = {"e2e": "e2e", "compose": "e2e", "packaging": "e2e", "e2e_bench": "bench", "fuzz": "fuzz"}
+# The peers' own servers and clients (MCP, OpenEnv, the openai client) start slowly: `make test` runs them.
+LANE_OF_FOLDER = {"e2e": "e2e", "compose": "e2e", "packaging": "e2e", "e2e_bench": "bench", "fuzz": "fuzz",
+                  "peers": "slow"}
 
 
 def pytest_configure(config):

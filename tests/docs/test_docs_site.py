@@ -34,6 +34,8 @@ def mkdocs():
     return MKDOCS
 
 
+# A whole build takes about a minute: `make test` runs these (and `make docs`), the fast lane leaves them out.
+@pytest.mark.slow
 def test_the_site_builds_strictly_with_its_generated_reference(mkdocs, tmp_path):
     done = build(ROOT / "mkdocs.yml", tmp_path / "site")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -59,6 +61,7 @@ def test_a_missing_path_a_second_spelling_and_an_unknown_key_are_found():
                      "the configuration key `buffer.run_spec.max_new_tokenz` is in no schema"]
 
 
+@pytest.mark.slow
 def test_a_page_naming_a_removed_key_fails_the_build(mkdocs, tmp_path):
     (tmp_path / "docs" / "hooks").mkdir(parents=True)
     shutil.copy(ROOT / "docs" / "hooks" / "checks.py", tmp_path / "docs" / "hooks" / "checks.py")

@@ -240,6 +240,7 @@ def _budget_rank(rank: int, model_dir, out_dir) -> None:
                    out_dir / f"rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_ranks_with_different_lengths_make_as_many_forwards_and_the_update_of_one_process(model_dir, tmp_path):
     from strategy_helpers import run_ranks
 
