@@ -190,8 +190,8 @@ class OpenAIEndpoint:
             if session is None:
                 raise Refused(404, "session_id", f"no open session {session_id!r}")
             if len(session.calls) >= self.config.max_calls_per_session:
-                raise Refused(429, "session_id", f"{self.config.max_calls_per_session} calls made in the session already "
-                                                 "(max_calls_per_session)")
+                raise Refused(429, "session_id", f"the session made its {self.config.max_calls_per_session} "
+                                                 "calls already (max_calls_per_session)")
             session.last_used = time.monotonic()
         prompt_ids, sampling = self._request(body)
         samples, version = self.worker.generate([prompt_ids], sampling)
