@@ -90,7 +90,7 @@ class GroupPusher:
 
     def lease(self) -> buffer_pb2.LeaseReply:
         worker = self.worker
-        return worker._persist(lambda: worker.buffer.lease(self.producer_id, 1), "lease", worker.buffer)
+        return worker.persist(lambda: worker.buffer.lease(self.producer_id, 1), "lease", worker.buffer)
 
     def give_back(self, group: Group) -> None:
         """The group's prompt goes back to the buffer's queue (its lease completed without a group)."""
@@ -112,7 +112,7 @@ class GroupPusher:
         unscored = [i for i, reward in enumerate(rewards) if reward is None]
         if unscored:
             scored = worker.player.score(
-                lambda requests: worker._persist(lambda: worker.reward.score_batch(requests), "score", worker.reward),
+                lambda requests: worker.persist(lambda: worker.reward.score_batch(requests), "score", worker.reward),
                 [prompt], [[samples[i] for i in unscored]], partial_credit=worker.config.reward.partial_credit,
                 prompt_texts=[decode(prefix)])[0]
             for i, verdict in zip(unscored, scored, strict=True):
@@ -127,8 +127,8 @@ class GroupPusher:
             temperature=chains[0]["temperature"], producer_id=self.producer_id,
             producer_incarnation=self.incarnation, sequence=sequence, lease_id=group.lease.lease_id)
         try:
-            worker._push([message])
-            worker._persist(lambda: worker.buffer.complete(group.lease.lease_id), "complete lease", worker.buffer)
+            worker.push_groups([message])
+            worker.persist(lambda: worker.buffer.complete(group.lease.lease_id), "complete lease", worker.buffer)
         except Stopped:
             raise RuntimeError("the service is stopping") from None
         return {"prompt_id": prompt.prompt_id, "rewards": [score.reward for score in scores],

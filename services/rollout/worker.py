@@ -116,7 +116,7 @@ class RolloutWorker:
         while not self.stopping.is_set():
             self.safe_point()
             started = time.monotonic()
-            lease = self._persist(lambda: self.buffer.lease(self.config.worker_id,
+            lease = self.persist(lambda: self.buffer.lease(self.config.worker_id,
                                                             self.config.generation.prompts_per_batch),
                                   "lease", self.buffer)
             self.metrics.buffer_wait.inc(time.monotonic() - started)
@@ -203,7 +203,7 @@ class RolloutWorker:
         decode = self.engine.tokenizer.decode
         started = time.monotonic()
         results = self.player.score(
-            lambda requests: self._persist(lambda: self.reward.score_batch(requests), "score", self.reward),
+            lambda requests: self.persist(lambda: self.reward.score_batch(requests), "score", self.reward),
             batch.lease.prompts, batch.samples, partial_credit=self.config.reward.partial_credit,
             prompt_texts=[decode(ids) for ids in batch.prompt_ids])
         self.metrics.reward_wait.inc(time.monotonic() - started)
@@ -218,11 +218,11 @@ class RolloutWorker:
                 producer_incarnation=self.incarnation, sequence=self._sequence, lease_id=batch.lease.lease_id,
             ))
         started = time.monotonic()
-        self._push(groups)
-        self._persist(lambda: self.buffer.complete(batch.lease.lease_id), "complete lease", self.buffer)
+        self.push_groups(groups)
+        self.persist(lambda: self.buffer.complete(batch.lease.lease_id), "complete lease", self.buffer)
         self.metrics.buffer_wait.inc(time.monotonic() - started)
 
-    def _push(self, groups: list[common_pb2.ExperienceGroup]) -> None:
+    def push_groups(self, groups: list[common_pb2.ExperienceGroup]) -> None:
         """Push until every group is acknowledged; a broken stream resends the rest with the same
         sequence numbers, which the buffer stores once. A group refused for now (the buffer cannot write
         its log) is sent again after a pause."""
@@ -248,12 +248,12 @@ class RolloutWorker:
 
         backoff = 0.1
         while pending:
-            if self._persist(attempt, "push", self.buffer):
+            if self.persist(attempt, "push", self.buffer):
                 if self.stopping.wait(backoff):
                     raise Stopped("push")
                 backoff = min(self.config.backoff_max_seconds, backoff * 2)
 
-    def _persist(self, call, what: str, peer):
+    def persist(self, call, what: str, peer):
         """`call` to `peer` (a client), retried for as long as that client's retry_seconds allow."""
         return until_done(call, what=what, stop=self.stopping, max_backoff=self.config.backoff_max_seconds,
                           give_up_seconds=peer.config.retry_seconds)
