@@ -31,6 +31,12 @@ def write_progress(directory: Path, progress: dict) -> None:
     os.replace(partial, directory / PROGRESS_FILE)
 
 
+def question_text(messages_json: str) -> str:
+    """The last user message of a prompt's chat messages: what the question asked."""
+    users = [m.get("content") for m in json.loads(messages_json) if isinstance(m, dict) and m.get("role") == "user"]
+    return str(users[-1]) if users else ""
+
+
 def pass_at_k(n: int, correct: int, k: int) -> float:
     """Unbiased pass@k from n samples of which `correct` passed (Chen et al. 2021, the Codex paper)."""
     if n - correct < k:
@@ -107,6 +113,9 @@ class Evaluator:
                     line = {"prompt_id": prompt.prompt_id, "sample": i, "text": sample.text,
                             "reward": score.reward, "answer_ok": score.answer_ok,
                             "finish_reason": sample.finish_reason, "data_source": row.data_source}
+                    if i == 0:
+                        # Once per question, for reading the answers beside it (`zerobubble view`).
+                        line |= {"question": question_text(row.messages_json), "gt_answer": row.gt_answer}
                     if (record := sample.episode) is not None:
                         line["episode"] = {"transcript": record.transcript, "turns": record.turns,
                                            "tool_calls": record.tool_calls, "ended": record.ended_reason}

@@ -16,6 +16,7 @@ from stack import start_buffer, start_reward, tiny_assets
 from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.codec import decode_array
 from zerobubble.common.config import load_config
+from zerobubble.common.data import DataSpec, load_data
 from zerobubble.common.run_spec import RunSpecMismatch, model_identity
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
@@ -88,7 +89,17 @@ def test_worker_turns_every_prompt_into_one_scored_group(assets, tmp_path):
                 assert trajectory.reward == (1.0 if trajectory.answer_ok else 0.0)
         summary = [json.loads(line) for line in (tmp_path / "eval" / "summary.jsonl").read_text().splitlines()]
         assert summary[0]["version"] == 0 and summary[0]["prompts"] == 4 and 0 <= summary[0]["pass@1"] <= 1
-        assert (tmp_path / "eval" / "heldout" / "version-000000.jsonl").read_text().count("\n") == 8
+        answers = [json.loads(line) for line in (tmp_path / "eval" / "heldout" / "version-000000.jsonl").open()]
+        assert len(answers) == 8
+        # Each question's text and ground truth come once, with its first sample, as the held-out file has them.
+        held = {row.prompt_id: row for row in load_data(DataSpec(path=held_out), field="held", default_split="test")}
+        firsts = [a for a in answers if a["sample"] == 0]
+        assert [a["prompt_id"] for a in firsts] == list(held)[:4]
+        for answer in firsts:
+            messages = json.loads(held[answer["prompt_id"]].messages_json)
+            assert answer["question"] == messages[-1]["content"] and answer["gt_answer"] == held[
+                answer["prompt_id"]].gt_answer
+        assert not any("question" in a for a in answers if a["sample"] != 0)
 
         with grpc.insecure_channel(host.address) as channel:
             stub = rollout_pb2_grpc.RolloutServiceStub(channel)

@@ -5,6 +5,7 @@ shows its observation tokens apart and its turn boundaries."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -141,8 +142,9 @@ def test_a_multi_turn_sample_shows_observation_tokens_apart_and_its_turns(run_di
     line = len(rollout_rows(episode_run)) - 1
     with viewer(episode_run) as url:
         dom, shot = view(f"{url}/#group/{line}/0/version", tmp_path, "episode")
-    boundaries = re.findall(r'class="turn-boundary" data-turn="(\d+)">turn \d+: ([a-z /]+)<', dom)
-    assert boundaries == [("1", "model"), ("2", "observation / tool"), ("3", "model")]
+    # Turns numbered as the episode's card counts them: two model turns, the tool's answer between.
+    boundaries = re.findall(r'class="turn-boundary" data-turn="(\d+)">([a-z0-9 :/]+)<', dom)
+    assert boundaries == [("1", "turn 1: model"), ("1", "observation / tool"), ("2", "turn 2: model")]
     assert "episode in calculator: 2 turns · 1 tool calls · ended: done" in dom
     assert len(re.findall(r'class="tok tok-obs"', dom)) == third
     assert len(re.findall(r'class="tok tok-model"', dom)) == length - third
@@ -159,6 +161,10 @@ def test_the_evaluation_answers_at_two_versions_side_by_side(base, run_dir, tmp_
     assert dom.count("version 0: ") == EVAL_PROMPTS and dom.count(f"version {STEPS}: ") == EVAL_PROMPTS
     answers = (run_dir / "eval" / "heldout" / "version-000000.jsonl").read_text().splitlines()
     assert len(re.findall(r'class="answer', dom)) == 2 * len(answers)
+    # Each question's own text and ground truth stand above its answers.
+    first = json.loads(answers[0])
+    assert f'<pre class="question">{html.escape(first["question"], quote=False)}</pre>' in dom
+    assert f"ground truth: {first['gt_answer']}" in dom
     assert has_colour(shot, WRONG_RED, 20) or has_colour(shot, (45, 164, 78), 20)
 
 

@@ -43,7 +43,8 @@ def write_run(run_dir: Path, steps: int, groups: int) -> list[dict]:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"version-{version:06d}.jsonl").write_text("".join(
             json.dumps({"prompt_id": str(q), "sample": k, "text": f"v{version} q{q} s{k}", "reward": float(k == 0),
-                        "answer_ok": k == 0, "finish_reason": "stop", "data_source": None}) + "\n"
+                        "answer_ok": k == 0, "finish_reason": "stop", "data_source": None}
+                       | ({"question": f"{q}+{q}=", "gt_answer": str(2 * q)} if k == 0 else {})) + "\n"
             for q in range(3) for k in range(2)))
     (run_dir / "eval" / "summary.jsonl").write_text("".join(
         json.dumps({"version": v, "dataset": "heldout", "prompts": 3, "n": 2, "pass@1": 0.5}) + "\n" for v in (0, 4)))
@@ -176,6 +177,7 @@ def test_the_viewer_follows_a_run_that_is_still_writing(run):
     assert status == 200 and [q["prompt_id"] for q in pair["questions"]] == ["0", "1", "2"]
     assert [x["text"] for x in pair["questions"][1]["a"]] == ["v0 q1 s0", "v0 q1 s1"]
     assert [x["text"] for x in pair["questions"][1]["b"]] == ["v4 q1 s0", "v4 q1 s1"]
+    assert (pair["questions"][2]["question"], pair["questions"][2]["gt_answer"]) == ("2+2=", "4")
 
 
 def test_a_large_file_is_followed_in_pieces_each_row_once(tmp_path):

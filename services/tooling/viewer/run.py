@@ -121,6 +121,8 @@ class RunFolder:
                 entry = questions.setdefault(key, {"prompt_id": key, "data_source": row.get("data_source"),
                                                    "a": [], "b": []})
                 entry[side].append(row)
+                if "question" in row:
+                    entry |= {"question": row["question"], "gt_answer": row.get("gt_answer")}
         return {"dataset": query.dataset, "a": query.a, "b": query.b,
                 "questions": list(questions.values())[: query.limit], "total": len(questions)}
 

@@ -274,8 +274,9 @@ function renderTokens(r, index, colourBy) {
     r.token_ids.forEach((id, i) => {
       const model = !Array.isArray(r.loss_mask) || r.loss_mask[i] !== 0;
       if (Array.isArray(r.loss_mask) && (i === 0 || r.loss_mask[i] !== r.loss_mask[i - 1])) {
-        turn += 1;
-        area.append(h("span", { class: "turn-boundary", "data-turn": turn }, `turn ${turn}: ${model ? "model" : "observation / tool"}`));
+        // Numbered as the episode counts turns: the model's; what the environment answered sits between them.
+        if (model) turn += 1;
+        area.append(h("span", { class: "turn-boundary", "data-turn": turn }, model ? `turn ${turn}: model` : "observation / tool"));
       }
       const text = r.tokens ? r.tokens[i] : `⟨${id}⟩`;
       const lp = r.logprobs ? r.logprobs[i] : null;
@@ -324,6 +325,8 @@ async function renderEvals(main, dataset, a, b) {
   for (const q of pair.questions) {
     list.append(h("div", { class: "eval-question", "data-prompt": q.prompt_id },
       h("strong", {}, `question ${q.prompt_id}`), q.data_source ? ` · ${q.data_source}` : "",
+      q.question !== undefined ? h("pre", { class: "question" }, q.question) : "",
+      q.gt_answer != null ? h("div", { class: "facts" }, `ground truth: ${q.gt_answer}`) : "",
       h("div", { class: "eval-sides" }, side(q.a, pair.a), side(q.b, pair.b))));
   }
   main.append(h("div", { class: "facts" }, `${pair.questions.length} of ${pair.total} questions`), list);
