@@ -6,10 +6,12 @@ whose sessions goes idle gives its prompt back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 from stack import start_buffer, start_reward, tiny_assets
@@ -25,9 +27,9 @@ MAX_NEW_TOKENS = 6
 IDLE_S = 4.0
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny")
+@contextlib.contextmanager
+def open_stack(folder, **settings) -> Iterator[tuple[str, object, object, object]]:
+    """The endpoint's base URL, the buffer's core, the rollout host and the reward server."""
     model, train, _ = tiny_assets(folder, train_size=2, eval_size=1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GROUPS_TOKEN", TOKEN)
@@ -40,12 +42,18 @@ def stack(tmp_path_factory):
             "server.auth_token_env": "GROUPS_TOKEN", "buffer.auth_token_env": "GROUPS_TOKEN",
             "reward_service.auth_token_env": "GROUPS_TOKEN", "reward_service.address": reward.address,
             "worker_id": "agents", "model.path": str(model), "trainer": None, "buffer.address": buffer.address,
-            "openai.enabled": True, "openai.exclusive": True, "openai.session_idle_s": IDLE_S})
+            "openai.enabled": True, "openai.exclusive": True, "openai.session_idle_s": IDLE_S, **settings})
         host = build(config).start()
-        yield f"http://127.0.0.1:{host.openai.port}", buffer.core, host
+        yield f"http://127.0.0.1:{host.openai.port}", buffer.core, host, reward
         host.stop(0.5)
         buffer.stop(0)
         reward.stop(0)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    with open_stack(tmp_path_factory.mktemp("tiny")) as (endpoint, buffer, host, _):
+        yield endpoint, buffer, host
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
@@ -133,6 +141,32 @@ def test_a_group_whose_session_goes_idle_gives_its_prompt_back_and_pushes_nothin
     status, refused = post(f"{endpoint}/v1/sessions/{again}/close", {"reward": "high"})
     assert status == 400 and refused["error"]["param"] == "reward"
 
+
+
+def test_a_group_the_reward_service_cannot_score_is_answered_503_and_its_prompt_goes_back(tmp_path):
+    # The verifier's service stops before the group's last session closes without a reward, and stays away past
+    # the worker's retries: the close is answered 503 naming the group, nothing reaches the buffer, and the
+    # prompt can be leased again.
+    with open_stack(tmp_path, **{"reward_service.retry_seconds": 1.0,
+                                 "reward_service.timeout_seconds": 2.0}) as (endpoint, buffer, _, reward):
+        status, group = post(f"{endpoint}/v1/groups", {})
+        assert status == 200, group
+        for base_url in group["base_urls"]:
+            run_agent(endpoint, base_url, group["row"]["messages"], 1)
+        assert post(f"{endpoint}/v1/sessions/{group['sessions'][0]}/close", {"reward": 1.0})[0] == 200
+        reward.stop(0)
+        status, refused = post(f"{endpoint}/v1/sessions/{group['sessions'][1]}/close", {})
+        assert status == 503 and refused["error"]["param"] == "group", refused
+        assert "went back to the buffer" in refused["error"]["message"]
+        assert buffer.stats()["groups_in"] == 0
+        deadline = time.monotonic() + 30
+        leased = {"row": {}}
+        while time.monotonic() < deadline:
+            status, leased = post(f"{endpoint}/v1/groups", {})
+            if status == 200 and leased["row"]["prompt_id"] == group["row"]["prompt_id"]:
+                break
+            time.sleep(0.2)
+        assert leased["row"].get("prompt_id") == group["row"]["prompt_id"], leased
 
 
 def test_exclusive_without_the_endpoint_is_refused_naming_the_field(tmp_path):
