@@ -3,7 +3,7 @@ where the load happened, the log-probs of each version, a prefix cache that neve
 after a load, and loads from another thread that land only between engine steps.
 
 One engine serves every test (it takes tens of seconds to start); each test sets the weights, the mode and the
-hook it needs."""
+hook it needs. It runs at most MAX_RUNNING requests at once, so that in a call of more, some wait for a slot."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from zerobubble.rollout.engine_factory import make_engine  # noqa: E402
 TOLERANCE = 1e-4
 SWAP_AT = 6   # the first token drawn by the new weights
 SAMPLING = SamplingSettings(n=2, temperature=1.0, max_new_tokens=20, seed=3)
+MAX_RUNNING = 4
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def models(varied_model, other_varied_model):
 
 @pytest.fixture(scope="module")
 def shared_engine(varied_model):
-    engine = make_engine("vllm", varied_model, seed=0)
+    engine = make_engine("vllm", varied_model, seed=0, max_num_seqs=MAX_RUNNING)
     yield engine
     engine.close()
 
@@ -70,7 +71,7 @@ def test_recompute_gives_tokens_of_both_versions_with_each_versions_logprobs(eng
     (first, second), (_, new_weights) = models
     engine.prefix_on_new_weights = "recompute"
     engine.between_steps = swap_once(engine, new_weights, SWAP_AT)
-    prompts = chat_prompts(varied_model, 3)
+    prompts = chat_prompts(varied_model, MAX_RUNNING // SAMPLING.n)
     for prompt, group in zip(prompts, engine.generate(prompts, SAMPLING), strict=True):
         for sample in long_samples(group, SWAP_AT):
             np.testing.assert_array_equal(sample.versions, np.where(np.arange(len(sample.token_ids)) < SWAP_AT, 0, 1))
@@ -102,7 +103,7 @@ def test_keep_draws_from_the_new_weights_over_the_old_prefix_cache(engine, model
     (first, second), (_, new_weights) = models
     engine.prefix_on_new_weights = "keep"
     engine.between_steps = swap_once(engine, new_weights, SWAP_AT)
-    prompts = chat_prompts(varied_model, 3)
+    prompts = chat_prompts(varied_model, MAX_RUNNING // SAMPLING.n)
     for prompt, group in zip(prompts, engine.generate(prompts, SAMPLING), strict=True):
         for sample in long_samples(group, SWAP_AT):
             np.testing.assert_array_equal(sample.versions, np.where(np.arange(len(sample.token_ids)) < SWAP_AT, 0, 1))
@@ -115,14 +116,29 @@ def test_keep_draws_from_the_new_weights_over_the_old_prefix_cache(engine, model
                 "the kept cache should leave the new version's log-probs inexact"
 
 
-def test_after_a_load_mid_generation_no_request_reads_the_old_weights_prefix_blocks(engine, models, varied_model):
-    """A load while requests hold blocks cannot empty the prefix cache there and then (keep leaves them their
-    blocks); the next call must still compute its prompts with the new weights, not find the old ones' blocks."""
+def shared_prefix_prompts(model_dir, count: int) -> list[list[int]]:
+    """Prompts that open with the same two full KV blocks (vLLM's CPU blocks hold 128 tokens; only full blocks are
+    cached), so that one prompt's cached blocks can serve the others."""
+    opening = (list(range(32, 127)) * 3)[:256]
+    return [opening + prompt for prompt in chat_prompts(model_dir, count)]
+
+
+def test_requests_that_start_after_a_load_do_not_read_the_old_weights_prefix_blocks(engine, models, varied_model):
+    """A load while requests run cannot empty the prefix cache there and then (keep leaves them their blocks). The
+    requests of the same call still waiting for a slot, and those of the next call, must compute their prompts with
+    the new weights, not find the blocks the old ones computed for the same opening."""
     (_, second), (_, new_weights) = models
     engine.prefix_on_new_weights = "keep"
-    engine.between_steps = swap_once(engine, new_weights, 2)
-    prompts = chat_prompts(varied_model, 3)
-    engine.generate(prompts, SAMPLING)
+    engine.between_steps = swap_once(engine, new_weights, 1)
+    prompts = shared_prefix_prompts(varied_model, MAX_RUNNING // SAMPLING.n + 1)
+    late = 0
+    for prompt, group in zip(prompts, engine.generate(prompts, SAMPLING), strict=True):
+        for sample in group:
+            if sample.versions[0] == 1:
+                late += 1
+                np.testing.assert_allclose(sample.logprobs, recompute_logprobs(second, prompt, sample, 1.0),
+                                           atol=TOLERANCE)
+    assert late == SAMPLING.n, "the requests past MAX_RUNNING should have started after the load"
     engine.between_steps = None
     for prompt, group in zip(prompts, engine.generate(prompts, SAMPLING), strict=True):
         for sample in group:
