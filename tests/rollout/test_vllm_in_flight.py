@@ -84,6 +84,23 @@ def test_recompute_gives_tokens_of_both_versions_with_each_versions_logprobs(eng
     assert engine.policy_version == 1
 
 
+def test_recompute_resumes_each_request_where_it_was(engine, models, varied_model):
+    """Recomputing the prefix under the same weights again changes nothing: the same tokens and log-probs as a call
+    with no load. A resumed request that lost its sampler's state (its noise stream replayed from the seed) or part
+    of its output would draw other tokens after the load."""
+    (_, _), (old_weights, _) = models
+    engine.prefix_on_new_weights = "recompute"
+    prompts = chat_prompts(varied_model, MAX_RUNNING // SAMPLING.n)
+    plain = engine.generate(prompts, SAMPLING)
+    engine.between_steps = swap_once(engine, old_weights, SWAP_AT)
+    resumed = engine.generate(prompts, SAMPLING)
+    assert engine.policy_version == 1
+    long_samples([s for group in resumed for s in group], SWAP_AT)
+    for a, b in zip((s for g in plain for s in g), (s for g in resumed for s in g), strict=True):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=TOLERANCE)
+
+
 def kept_cache_logprobs(old, new, prompt: list[int], sample, swap_at: int) -> np.ndarray:
     """What keeping the cache computes for the tokens from `swap_at` on: the new weights run over the rest of the
     sequence on top of the keys and values the old weights computed for the prompt and the first swap_at - 1 tokens
