@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from zerobubble.rollout.engine import SamplingSettings  # noqa: E402
 from zerobubble.rollout.engine_factory import make_engine  # noqa: E402
+from zerobubble.rollout.engine_vllm import request_seeds  # noqa: E402
 
 TOLERANCE = 1e-4
 SWAP_AT = 6   # the first token drawn by the new weights
@@ -65,6 +66,24 @@ def long_samples(group, at_least: int):
     samples = [s for s in group if len(s.token_ids) > at_least]
     assert samples, "no sample ran past the swap: the test would check nothing"
     return samples
+
+
+def test_stepping_gives_the_samples_of_vllms_own_generate(engine, varied_model):
+    """The engine steps vLLM itself, one request per sample; vLLM's LLM.generate fanning out n with the same seeds
+    must give the same tokens and log-probs."""
+    from vllm import SamplingParams, TokensPrompt
+
+    prompts = chat_prompts(varied_model, 3)
+    ours = engine.generate(prompts, SAMPLING)
+    params = [SamplingParams(n=SAMPLING.n, temperature=SAMPLING.temperature, max_tokens=SAMPLING.max_new_tokens,
+                             seed=seed, logprobs=0) for seed in request_seeds(SAMPLING.seed, len(prompts))]
+    theirs = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    for group, output in zip(ours, theirs, strict=True):
+        for sample, completion in zip(group, sorted(output.outputs, key=lambda c: c.index), strict=True):
+            assert sample.token_ids.tolist() == list(completion.token_ids)
+            logprobs = [step[t].logprob for step, t in zip(completion.logprobs, completion.token_ids, strict=True)]
+            np.testing.assert_allclose(sample.logprobs, logprobs, atol=1e-6)
+            assert set(sample.versions.tolist()) == {0}
 
 
 def test_recompute_gives_tokens_of_both_versions_with_each_versions_logprobs(engine, models, varied_model):
