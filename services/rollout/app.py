@@ -51,10 +51,9 @@ class RolloutHost(ServiceHost):
         device = model.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        options = ({"prefix_on_new_weights": config.generation.prefix_on_new_weights}
-                   if model.engine == "transformers" else {})
         self.engine = make_engine(model.engine, model.path, device=device, dtype=model.dtype,
-                                  seed=config.generation.seed, **options)
+                                  seed=config.generation.seed,
+                                  prefix_on_new_weights=config.generation.prefix_on_new_weights)
         metrics = RolloutMetrics(self.registry)
         metrics.policy_version.set(self.engine.policy_version)
         self.reward = RewardClient(config.reward_service, retries=False)

@@ -39,10 +39,10 @@ class GenerationConfig(Schema):
     stop: list[str] = Field(default_factory=list)
     seed: int = 0
     prefix_on_new_weights: Literal["keep", "recompute"] = Field(
-        "keep", description="run.weight_updates in_flight, transformers engine: after new weights mid-sequence, keep "
-        "the KV cache the old weights computed for the tokens so far (cheap; later tokens attend to old keys and "
-        "values) or recompute it with the new weights (one prefill of the sequence so far; each token's log-prob is "
-        "then exactly its version's)")
+        "keep", description="run.weight_updates in_flight: after new weights mid-sequence, keep the KV cache the old "
+        "weights computed for the tokens so far (cheap; later tokens attend to old keys and values) or recompute it "
+        "with the new weights (one prefill of the sequence so far; each token's log-prob is then exactly its "
+        "version's)")
 
     def expectations(self) -> dict[str, tuple[str, object]]:
         """What this section states of the run spec, by spec field."""

@@ -22,7 +22,7 @@ def vllm_available() -> bool:
 def make_engine(kind: str, model_dir: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "auto",
                 seed: int = 0, **options) -> Engine:
     """An engine of `kind` over the HF-format model in `model_dir`; `options` go to that engine's constructor
-    (TransformersEngine: max_batch_size; VllmEngine: any `vllm.LLM` argument)."""
+    (both: prefix_on_new_weights; TransformersEngine: max_batch_size; VllmEngine: any `vllm.LLM` argument)."""
     if kind == "transformers":
         from zerobubble.rollout.engine_transformers import TransformersEngine
 

@@ -3,8 +3,10 @@
 - between_batches: at the worker's safe point, between generate calls. A batch started on version v ends on v.
 - between_turns: also between the turns of a multi-turn episode (the episode loop calls `at_turn`).
 - in_flight: also between the decode steps of a generation. The engine's generating thread asks the receiver at
-  every step boundary, under the lock each decode step holds, so one step never sees two versions; the tokens
-  drawn after the swap carry the new version (Sample.versions).
+  every step boundary, and every load takes the lock each decode step holds, so one step never sees two versions;
+  the tokens drawn after the swap carry the new version (Sample.versions). The transformers engine runs its own
+  decode loop; the vLLM engine steps vLLM's engine itself, one `step()` (a forward of every running request and its
+  draws) at a time.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from contextlib import contextmanager
 
 from zerobubble.common.config import ConfigError
 
-# Engines whose decode loop calls `between_steps` at step boundaries.
-IN_FLIGHT_ENGINES = ("transformers",)
+# Engines that call `between_steps` at step boundaries: every engine kind today; the check stands for the next one.
+IN_FLIGHT_ENGINES = ("transformers", "vllm")
 
 
 def check_engine(mode: str, engine_kind: str) -> None:
