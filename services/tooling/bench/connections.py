@@ -165,7 +165,8 @@ def _probe(call: Callable[[], None]) -> float | None:
     return time.perf_counter() - started
 
 
-def _grpc_probes(address: str, service: str) -> tuple[Callable[[], None], Callable[[], None]]:
+def _grpc_probes(address: str, service: str,
+                 timeout: float = PROBE_TIMEOUT_S) -> tuple[Callable[[], None], Callable[[], None]]:
     """A health check and an authenticated call, each on a connection of its own, made for the call."""
     token = (("authorization", f"Bearer {TOKEN}"),)
     # Not gRPC's process-wide pool of connections: a probe after a refused one would share its reconnect backoff
@@ -174,7 +175,7 @@ def _grpc_probes(address: str, service: str) -> tuple[Callable[[], None], Callab
 
     def health() -> None:
         with grpc.insecure_channel(address, options) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=PROBE_TIMEOUT_S)
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
             if reply.status != health_pb2.HealthCheckResponse.SERVING:
                 raise OSError("not serving")
 
@@ -182,11 +183,11 @@ def _grpc_probes(address: str, service: str) -> tuple[Callable[[], None], Callab
         with grpc.insecure_channel(address, options) as channel:
             if service == "buffer":
                 buffer_pb2_grpc.BufferServiceStub(channel).Stats(buffer_pb2.StatsRequest(), metadata=token,
-                                                                timeout=PROBE_TIMEOUT_S)
+                                                                timeout=timeout)
             else:
                 reward_pb2_grpc.RewardServiceStub(channel).Score(
                     reward_pb2.ScoreRequest(id="1", verifier="boxed", response="\\boxed{2}", gt_answer="2"),
-                    metadata=token, timeout=PROBE_TIMEOUT_S)
+                    metadata=token, timeout=timeout)
 
     return health, authenticated
 
