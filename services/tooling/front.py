@@ -52,17 +52,19 @@ def _ms(seconds: float) -> str:
 
 def render(config: FrontConfig) -> str:
     """HAProxy's configuration: one TCP frontend with a per-source stick table, one backend server."""
-    # The server side gets the same timeout: the service pings every keepalive_seconds, so a live one is never
-    # quiet that long, and HAProxy's documentation asks for both sides alike in TCP mode.
     return f"""\
-# zerobubble front: {config.listen} -> {config.backend}
+# zerobubble front: {config.listen} -> {config.backend} (written by `zerobubble front`)
 global
+    # Two descriptors a connection: under half of HAProxy's own limit, so it never fails to accept for want of one.
     maxconn {config.max_connections}
 
 defaults
     mode tcp
     timeout connect {_ms(config.connect_timeout_seconds)}
+    # A client quiet this long is closed. A real one on a quiet stream still answers the service's pings (every
+    # server.connections.keepalive_seconds), so this stays above that.
     timeout client {_ms(config.client_timeout_seconds)}
+    # The service pings every keepalive_seconds, so a live one is never quiet this long either.
     timeout server {_ms(config.client_timeout_seconds)}
     # Once a side is closed, a peer that never closes its own half holds its slot (and its count against
     # per_peer_connections) only this long.
@@ -71,6 +73,7 @@ defaults
 
 frontend grpc
     bind {config.listen}
+    # One source address's connections at once, counted in a table; beyond the limit, closed as soon as accepted.
     maxconn {config.max_connections}
     stick-table type ip size 100k expire {_ms(config.client_timeout_seconds)} store conn_cur
     tcp-request connection track-sc0 src
