@@ -4,9 +4,9 @@ gRPC's C core can neither limit the connections of one peer nor accept a connect
 refuse it: a flood of quiet connections from one host takes every descriptor and keeps every new caller out until
 the service's own limits (`server.connections`) close them. HAProxy in TCP mode, in front of the port, refuses a
 peer's connections beyond `per_peer_connections` at once (accepted, then closed: it costs no descriptor), stops
-accepting at `max_connections` so it never runs out of descriptors itself, and closes a connection whose client
-has sent nothing for `client_timeout_seconds`. The bytes pass through untouched, so HTTP/2, TLS and every stream
-behave as without it.
+accepting at `max_connections` so it never runs out of descriptors itself, and closes a connection on which
+neither side has sent anything for `client_timeout_seconds`. The bytes pass through untouched, so HTTP/2, TLS and
+every stream behave as without it.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ class FrontConfig(Schema):
                                       "and tool on one host counts as one peer")
     max_connections: int = Field(500, gt=0, description="connections held at once in all (HAProxy's maxconn); "
                                  "each takes two descriptors, so keep it under half the front's descriptor limit")
-    client_timeout_seconds: float = Field(45.0, gt=0, description="a connection whose client sends nothing for "
-                                          "this long is closed; keep it above the service's "
-                                          "server.connections.keepalive_seconds, as a client on a quiet stream "
-                                          "sends only its answers to the server's pings")
+    client_timeout_seconds: float = Field(45.0, gt=0, description="a connection on which neither side sends "
+                                          "anything for this long is closed; keep it above the service's "
+                                          "server.connections.keepalive_seconds, as on a quiet stream only the "
+                                          "service's pings and their answers pass")
     connect_timeout_seconds: float = Field(5.0, gt=0, description="longest wait for the service to accept")
 
 
@@ -61,10 +61,10 @@ global
 defaults
     mode tcp
     timeout connect {_ms(config.connect_timeout_seconds)}
-    # A client quiet this long is closed. A real one on a quiet stream still answers the service's pings (every
-    # server.connections.keepalive_seconds), so this stays above that.
+    # In TCP mode traffic either way counts: a connection is closed when neither side sent anything this long.
+    # On a quiet stream only the service's pings pass (every server.connections.keepalive_seconds) and their
+    # answers, so this stays above that; the service itself closes a peer that answers no ping.
     timeout client {_ms(config.client_timeout_seconds)}
-    # The service pings every keepalive_seconds, so a live one is never quiet this long either.
     timeout server {_ms(config.client_timeout_seconds)}
     # Once a side is closed, a peer that never closes its own half holds its slot (and its count against
     # per_peer_connections) only this long.
