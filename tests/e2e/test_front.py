@@ -100,7 +100,8 @@ def test_the_front_keeps_callers_answered_through_a_flood_of_quiet_connections_f
     config = FrontConfig(listen=f"127.0.0.1:{_free_port()}", backend=buffer, per_peer_connections=50,
                          max_connections=(FD_LIMIT - 32) // 2, client_timeout_seconds=KEEPALIVE_S + 2)
     with running_front(config, preexec_fn=_fd_limit(FD_LIMIT)), grpc.insecure_channel(config.listen) as channel:
-        # A real client's stream, quiet for longer than the front's timeout: it answers the service's pings.
+        # A real client's stream with nothing to say for longer than the front's timeout: the service's pings and
+        # their answers keep it open.
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
         assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
         started = time.monotonic()
