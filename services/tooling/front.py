@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from zerobubble.common.config import ConfigError, Schema
 
@@ -44,6 +44,14 @@ class FrontConfig(Schema):
                                           "server.connections.keepalive_seconds, as on a quiet stream only the "
                                           "service's pings and their answers pass")
     connect_timeout_seconds: float = Field(5.0, gt=0, description="longest wait for the service to accept")
+
+    @field_validator("listen", "backend")
+    @classmethod
+    def _host_port(cls, address: str) -> str:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"{address!r} is not HOST:PORT")
+        return address
 
 
 def _ms(seconds: float) -> str:

@@ -28,6 +28,9 @@ def test_a_bad_limit_is_refused_naming_the_field():
     refused = subprocess.run([sys.executable, "-m", "zerobubble", "front", "--listen", "127.0.0.1:1", "--backend",
                               "127.0.0.1:2", "--per-peer-connections", "0"], capture_output=True, text=True)
     assert refused.returncode != 0 and "per_peer_connections" in refused.stderr, refused.stderr
+    refused = subprocess.run([sys.executable, "-m", "zerobubble", "front", "--listen", "50053", "--backend",
+                              "127.0.0.1:2"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "listen" in refused.stderr and "HOST:PORT" in refused.stderr, refused.stderr
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (make front-tool installs it)")
