@@ -4,7 +4,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PROTOS := $(wildcard protos/zerobubble/v1/*.proto)
 
-.PHONY: install test test-fast lint docs demo protos clean compose-tool sandbox-tool slurm-tool browser-tool
+.PHONY: install test test-fast lint docs demo protos clean compose-tool sandbox-tool slurm-tool browser-tool \
+	front-tool
 
 # pyproject.toml gives ranges; constraints.txt the exact versions the tests run on.
 $(STAMP): pyproject.toml constraints.txt
@@ -19,7 +20,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 # The compose test's engine and image builds (minutes of downloads on a fresh machine) go on beside pytest.
-test: lint docs compose-tool slurm-tool
+test: lint docs compose-tool slurm-tool front-tool
 	tests/compose/alongside.sh $(PY) $(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-colossalai
@@ -55,6 +56,13 @@ slurm-tool:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		slurmctld slurmd slurm-client munge >/dev/null); } || \
 		echo "slurm-tool: Slurm (slurmctld, slurmd, munge) not installed; the Slurm cluster test will skip"
+
+# Debian's HAProxy is the connection front before a service's gRPC port (zerobubble front, deploy/front/):
+# tests/e2e/test_front.py runs it before a real buffer; without it that test skips.
+front-tool:
+	@command -v haproxy >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		haproxy >/dev/null); } || echo "front-tool: haproxy not installed; the front's test skips"
 
 # bubblewrap builds the code sandbox's namespaces and root; without it the reward service turns the code verifier off.
 sandbox-tool:

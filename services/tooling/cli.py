@@ -98,6 +98,7 @@ COMMANDS = {
     "export": ("export", "write a run's final policy as a Hugging Face model folder"),
     "slurm-plan": ("slurm_plan", "inside a Slurm job: each node's service, address and config"),
     "view": ("viewer.commands", "browse a run in a local web page: curves, rollouts, tokens, evaluations"),
+    "front": ("front", "the HAProxy config before a service's gRPC port: per-peer limit, quiet connections closed"),
 }
 BENCHES = {
     "transport": ("bench.transport", "buffer push-to-pull throughput vs a Ray actor queue and a socket"),
