@@ -46,8 +46,9 @@ from zerobubble.v1 import trainer_pb2
 log = logging.getLogger(__name__)
 # A wrong or missing token, or a full group: the worker keeps trying, but the log must say why it gets no weights.
 REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.RESOURCE_EXHAUSTED)
-# What the trainer ends a watch and refuses a join with once training has finished (TrainerServicer).
-FINISHED = grpc.StatusCode.FAILED_PRECONDITION
+# What the trainer ends a watch and refuses a join with once training has finished (TrainerServicer), or when it
+# broadcasts no weights at all: nothing a prompt retry changes.
+NOT_SYNCING = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class WeightTaker(Protocol):
@@ -92,8 +93,8 @@ class WeightReceiver:
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
         self.finished_pause_s = finished_pause_s
-        # Whether the trainer said training has finished; until a join succeeds again.
-        self.trainer_finished = False
+        # Whether the trainer said it syncs no weights (training has finished); until a join succeeds again.
+        self.not_syncing = False
         self._closed = threading.Event()
         # Held while buckets are written and while an engine loads from them.
         self._buffers_lock = threading.Lock()
@@ -166,11 +167,11 @@ class WeightReceiver:
             try:
                 self._session()
             except grpc.RpcError as exc:
-                if exc.code() == FINISHED:
-                    if not self.trainer_finished:
+                if exc.code() == NOT_SYNCING:
+                    if not self.not_syncing:
                         log.info("%s: %s; asking the trainer again every %.0f s", self.worker_id, exc.details(),
                                  self.finished_pause_s)
-                    self.trainer_finished = True
+                    self.not_syncing = True
                 elif exc.code() in REFUSALS:
                     log.warning("%s: the trainer refused the weight sync (%s: %s); trying again", self.worker_id,
                                 exc.code().name, exc.details())
@@ -183,7 +184,7 @@ class WeightReceiver:
                 self.state.to(Member.JOINING)
             if self._complete != received_before:
                 backoff = self.first_backoff_s
-            if self.trainer_finished:
+            if self.not_syncing:
                 # Also once that trainer is gone: nothing trains until a trainer starts again.
                 self._closed.wait(self.finished_pause_s)
                 continue
@@ -193,7 +194,7 @@ class WeightReceiver:
     def _session(self) -> None:
         self.metrics.joins.inc()
         reply = self.trainer.join(self.worker_id, self.device, retry=False)
-        self.trainer_finished = False
+        self.not_syncing = False
         store = TCPStore(reply.store_host, reply.store_port, is_master=False, wait_for_workers=False,
                          timeout=timedelta(seconds=reply.member_timeout_seconds))
         address = local_address_towards(reply.store_host)

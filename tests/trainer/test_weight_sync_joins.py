@@ -210,7 +210,7 @@ def test_a_worker_whose_trainer_finished_stops_asking_and_a_stopping_trainer_ref
                 trainer.broadcaster.close()
                 # At the old backoff (0.05 s doubling to 0.2 s) the worker would ask about ten times in this window.
                 deadline = time.monotonic() + 30
-                while not receiver.trainer_finished:
+                while not receiver.not_syncing:
                     assert time.monotonic() < deadline, "the worker never learned that training has finished"
                     time.sleep(0.05)
                 time.sleep(2.0)
