@@ -357,7 +357,9 @@ class WeightBroadcaster:
                 self._announce(snapshot, regroup=False)
             self.sender_state.to(Sender.BROADCASTING)
             try:
-                wait_broadcast(start_broadcast(self._group, snapshot.buffers), cuda_device=self._cuda_device)
+                # A close (the trainer is going) ends it at once, not at the member timeout of a member that stalled.
+                wait_broadcast(start_broadcast(self._group, snapshot.buffers), abandoned=lambda: self.closed,
+                               cuda_device=self._cuda_device)
                 times["sent"] = time.time()
                 self.sender_state.to(Sender.AWAITING_ACKS)
             except RuntimeError as exc:
