@@ -3,7 +3,8 @@ announcements, forms each new group epoch and receives every version into bucket
 reused across versions. The engine takes a complete version at its next safe point (`apply_to`).
 
 If the trainer goes away, or drops this worker, the thread joins again with backoff; a rejoined
-worker gets the next full broadcast.
+worker gets the next full broadcast. A trainer that says training has finished is asked again only every
+`finished_pause_s` (a later trainer may train again), not at the pace of a restart.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ from zerobubble.v1 import trainer_pb2
 log = logging.getLogger(__name__)
 # A wrong or missing token, or a full group: the worker keeps trying, but the log must say why it gets no weights.
 REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+# What the trainer ends a watch and refuses a join with once training has finished (TrainerServicer), or when it
+# broadcasts no weights at all: nothing a prompt retry changes.
+NOT_SYNCING = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class WeightTaker(Protocol):
@@ -63,6 +67,8 @@ class ReceiverMetrics:
             "zerobubble_rollout_weight_receive_seconds", "from an announcement to its last bucket received",
             registry=registry, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
+        self.joins = Counter("zerobubble_rollout_weight_sync_joins", "JoinWeightSync calls made (first and again)",
+                             registry=registry)
 
 
 @dataclass(frozen=True)
@@ -78,13 +84,17 @@ class ReceiveTimes:
 
 class WeightReceiver:
     def __init__(self, trainer: TrainerClient, worker_id: str, device: str = "cpu", *,
-                 registry: CollectorRegistry | None = None, first_backoff_s: float = 0.1, max_backoff_s: float = 5.0):
+                 registry: CollectorRegistry | None = None, first_backoff_s: float = 0.1, max_backoff_s: float = 5.0,
+                 finished_pause_s: float = 60.0):
         self.trainer = trainer
         self.worker_id = worker_id
         self.device = device
         self.metrics = ReceiverMetrics(registry or CollectorRegistry())
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
+        self.finished_pause_s = finished_pause_s
+        # Whether the trainer said it syncs no weights (training has finished); until a join succeeds again.
+        self.not_syncing = False
         self._closed = threading.Event()
         # Held while buckets are written and while an engine loads from them.
         self._buffers_lock = threading.Lock()
@@ -157,7 +167,12 @@ class WeightReceiver:
             try:
                 self._session()
             except grpc.RpcError as exc:
-                if exc.code() in REFUSALS:
+                if exc.code() == NOT_SYNCING:
+                    if not self.not_syncing:
+                        log.info("%s: %s; asking the trainer again every %.0f s", self.worker_id, exc.details(),
+                                 self.finished_pause_s)
+                    self.not_syncing = True
+                elif exc.code() in REFUSALS:
                     log.warning("%s: the trainer refused the weight sync (%s: %s); trying again", self.worker_id,
                                 exc.code().name, exc.details())
                 elif not self._closed.is_set():
@@ -169,11 +184,17 @@ class WeightReceiver:
                 self.state.to(Member.JOINING)
             if self._complete != received_before:
                 backoff = self.first_backoff_s
+            if self.not_syncing:
+                # Also once that trainer is gone: nothing trains until a trainer starts again.
+                self._closed.wait(self.finished_pause_s)
+                continue
             self._closed.wait(backoff * random.uniform(0.5, 1.0))
             backoff = min(self.max_backoff_s, backoff * 2)
 
     def _session(self) -> None:
+        self.metrics.joins.inc()
         reply = self.trainer.join(self.worker_id, self.device, retry=False)
+        self.not_syncing = False
         store = TCPStore(reply.store_host, reply.store_port, is_master=False, wait_for_workers=False,
                          timeout=timedelta(seconds=reply.member_timeout_seconds))
         address = local_address_towards(reply.store_host)

@@ -24,7 +24,7 @@ from zerobubble.trainer.broadcaster import WeightBroadcaster
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.trainer.loop import TrainingLoop, write_config
 from zerobubble.trainer.metrics import TrainerMetrics
-from zerobubble.trainer.servicer import SERVICE, TrainerServicer
+from zerobubble.trainer.servicer import FINISHED, SERVICE, TrainerServicer
 from zerobubble.trainer.strategies import make_strategy
 from zerobubble.trainer.update import PolicyUpdate, UpdateSettings
 from zerobubble.v1 import trainer_pb2_grpc
@@ -138,12 +138,12 @@ class TrainerHost(ServiceHost):
             self.state = f"stopped by {reason}"
             log.warning("training stopped by %s %s, before the end of the run", reason, where)
             return
-        self.state = "finished"
+        self.state = FINISHED
         self.exit(0, f"training finished {where}")
 
     def run_until_signal(self) -> int:
         code = super().run_until_signal()
-        if code == 0 and self.state != "finished" and self.stopped_by:
+        if code == 0 and self.state != FINISHED and self.stopped_by:
             return 128 + self.stopped_by
         return code
 

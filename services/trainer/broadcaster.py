@@ -25,7 +25,7 @@ from torch.distributed import DistError, DistStoreError, TCPStore
 
 from zerobubble.common.conditions import AwaitableCondition
 from zerobubble.common.config import is_loopback
-from zerobubble.common.errors import InvalidInput, NotFound, Overloaded
+from zerobubble.common.errors import InvalidInput, NotFound, Overloaded, TemporarilyUnavailable
 from zerobubble.common.names import check_name
 from zerobubble.common.sync_protocol import Machine, Membership, Sender
 from zerobubble.common.weight_sync import (
@@ -199,6 +199,9 @@ class WeightBroadcaster:
             raise InvalidInput(f"{device!r}: this trainer broadcasts over NCCL; join with a cuda device",
                                field="device")
         with self._cond:
+            if self.closed:
+                raise TemporarilyUnavailable(f"{worker_id!r} cannot join: the weight sync has closed (the trainer "
+                                             f"is stopping)")
             if worker_id not in self._members and len(self._members) >= self.config.max_members:
                 raise Overloaded(f"{worker_id!r} cannot join: the weight sync has {len(self._members)} members, "
                                  f"the most weight_sync.max_members allows")
@@ -354,7 +357,9 @@ class WeightBroadcaster:
                 self._announce(snapshot, regroup=False)
             self.sender_state.to(Sender.BROADCASTING)
             try:
-                wait_broadcast(start_broadcast(self._group, snapshot.buffers), cuda_device=self._cuda_device)
+                # A close (the trainer is going) ends it at once, not at the member timeout of a member that stalled.
+                wait_broadcast(start_broadcast(self._group, snapshot.buffers), abandoned=lambda: self.closed,
+                               cuda_device=self._cuda_device)
                 times["sent"] = time.time()
                 self.sender_state.to(Sender.AWAITING_ACKS)
             except RuntimeError as exc:

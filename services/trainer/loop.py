@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 from transformers import AutoConfig
@@ -45,8 +44,6 @@ from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
 PULL_BACKOFF_MAX_SECONDS = 2.0
-# How often the loop, while it waits for prefetched groups, serves SaveCheckpoint requests.
-SERVE_POLL_SECONDS = 0.05
 
 
 def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
@@ -96,6 +93,8 @@ class TrainingLoop:
         self.stopping = threading.Event()
         self.lock = threading.Lock()   # checkpoints from the RPC and from the loop never interleave
         self._requests: queue.Queue[tuple[str, Future]] = queue.Queue()
+        # Set by a checkpoint request and by a pull that is done: what the loop waits on while it waits for data.
+        self._wake = threading.Event()
         self.finished = threading.Event()
         self.metrics_path = config.run_dir / "metrics.jsonl"
         self.idle_seconds = 0.0
@@ -152,7 +151,7 @@ class TrainingLoop:
             # A stopping rank pulls nothing; the ranks agree before the step, as one rank training alone would
             # wait in the step's collectives for ever.
             waited = time.monotonic()
-            groups, last_delivery = self._pull() if upcoming is None else self._await(upcoming)
+            groups, last_delivery = self._await(upcoming or self._prefetch())
             waited = time.monotonic() - waited
             self.idle_seconds += waited
             if not self._every_rank_has(groups):
@@ -200,10 +199,11 @@ class TrainingLoop:
         """The next step's pull, on a thread of its own; the loop serves checkpoint requests meanwhile."""
         pulled: Future = Future()
         pulled.set_running_or_notify_cancel()
+        pulled.add_done_callback(lambda _: self._wake.set())
 
         def pull() -> None:
             try:
-                pulled.set_result(self._pull(serve=False))
+                pulled.set_result(self._pull())
             except BaseException as exc:
                 pulled.set_exception(exc)
 
@@ -211,25 +211,22 @@ class TrainingLoop:
         return pulled
 
     def _await(self, pulled: Future) -> tuple[list[common_pb2.ExperienceGroup], int]:
-        """The prefetched groups. Waiting for data is a safe point, as in a pull: what a checkpoint covers stops at
-        what was trained, so groups held for the coming step are delivered again on resume."""
+        """The pulled groups. Waiting for data is a safe point, so SaveCheckpoint answers at once rather than after
+        a pull's wait: what a checkpoint covers stops at what was trained, so groups held for the coming step are
+        delivered again on resume."""
         while True:
+            # Cleared before serving: a request or a pull that comes meanwhile ends the wait below at once.
+            self._wake.clear()
             self._serve_requests(delivery=self.delivered)
-            try:
-                return pulled.result(timeout=SERVE_POLL_SECONDS)
-            except FutureTimeout:
-                continue
+            if pulled.done():
+                return pulled.result()
+            self._wake.wait()
 
-    def _pull(self, serve: bool = True) -> tuple[list[common_pb2.ExperienceGroup], int]:
+    def _pull(self) -> tuple[list[common_pb2.ExperienceGroup], int]:
         """This rank's groups of the next step and the newest delivery among them (and those refused); fewer at
         the end of the data or when stopping."""
         wanted, groups, last_delivery = self.groups_per_rank, [], 0
-        trained = self.delivered
         while len(groups) < wanted and not self.stopping.is_set():
-            # Waiting for data is a safe point too, so SaveCheckpoint answers within a pull; what the checkpoint
-            # covers stops at what was trained, so the groups held for this step are delivered again on resume.
-            if serve:
-                self._serve_requests(delivery=trained)
             try:
                 result = self._pull_once(wanted - len(groups))
             except Stopped:
@@ -335,6 +332,7 @@ class TrainingLoop:
         steps, or while it waits for data)."""
         request: Future = Future()
         self._requests.put((tag, request))
+        self._wake.set()
         if self.finished.is_set():
             self._serve_requests()
         try:

@@ -11,6 +11,8 @@ from zerobubble.trainer.broadcaster import WeightBroadcaster
 from zerobubble.v1 import trainer_pb2, trainer_pb2_grpc
 
 SERVICE = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"]
+# TrainerControl.status()'s state once the data or max_steps ran out.
+FINISHED = "finished"
 
 
 class TrainerControl(Protocol):
@@ -34,8 +36,15 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             raise Unavailable("this trainer process broadcasts no weights (weight_sync is null, or it is not rank 0)")
         return self.broadcaster
 
+    def _finished(self) -> None:
+        """Refuse once training is over: a worker told so waits long before asking again, where one that is
+        only told "unavailable" (a trainer restarting) comes back within its backoff."""
+        if self.control.status()["state"] == FINISHED:
+            raise Unavailable("training has finished: this trainer publishes no more weights")
+
     @translate_errors
     def JoinWeightSync(self, request, context):
+        self._finished()
         info = self._sync().join(request.worker_id, request.device)
         return trainer_pb2.JoinReply(
             rank=info.rank, world_size=info.world_size, group_epoch=info.group_epoch, store_host=info.store_host,
@@ -54,6 +63,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 await context.write(announcement)
         finally:
             watch.close()
+        # The stream ends with why, when it is the end of training, so the worker need not ask again to learn it.
+        self._finished()
 
     @translate_errors
     def Status(self, request, context):

@@ -30,7 +30,9 @@ SlurmctldHost={controller}({controller_address})
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={root}/munge/munge.socket
+# cred_expire is also how long a requeued job waits before it may start again (slurm.conf(5), AuthInfo; 120 s by
+# default, 5 at least): long enough for a step's launch here, short enough for the requeue test.
+AuthInfo=socket={root}/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 StateSaveLocation={root}/ctld
 SlurmctldPidFile={root}/ctld/slurmctld.pid

@@ -69,9 +69,10 @@ class StandInEngine:
 class StubControl:
     def __init__(self):
         self.step = 0
+        self.state = "training"
 
     def status(self) -> dict:
-        return {"step": self.step, "policy_version": self.step, "last_checkpoint": "", "state": "training"}
+        return {"step": self.step, "policy_version": self.step, "last_checkpoint": "", "state": self.state}
 
     def save_checkpoint(self, tag: str) -> tuple[str, int]:
         return f"/checkpoints/{tag or self.step}", self.step

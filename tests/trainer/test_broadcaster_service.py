@@ -193,3 +193,32 @@ def test_a_member_that_leaves_before_acknowledging_ends_the_trainers_wait_at_onc
         finally:
             wedged.release.set()
             wedged.close()
+
+
+def test_closing_ends_a_broadcast_in_flight_to_a_stalled_member_instead_of_waiting_out_its_timeout(workers):
+    """A trainer that finishes while a member has stopped reading (its process stalled) closes its weight sync at
+    once, not at the broadcast's member timeout: its way out does not wait for a worker that is going too."""
+    member_timeout_s = 120.0
+    with trainer_service(member_timeout_s=member_timeout_s, bucket_mb=1.0) as trainer:
+        [stalled] = workers(trainer.address, "stalled")
+        trainer.wait_members({"stalled"})
+        trainer.broadcaster.publish(tiny_model(seed=5).named_parameters(), 1)
+        stalled.applied(1)
+
+        stalled.signal(signal.SIGSTOP)
+        # Far more than the sockets between them hold, so the broadcast waits on the stalled member's reads.
+        trainer.broadcaster.publish([("model.embed_tokens.weight", torch.ones(16, 1024, 1024))], 2)
+        deadline = time.monotonic() + 60
+        while trainer.broadcaster.sender_state.state is not Sender.BROADCASTING:
+            assert time.monotonic() < deadline, f"the sender is {trainer.broadcaster.sender_state.state}"
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert trainer.broadcaster.sender_state.state is Sender.BROADCASTING, "the broadcast did not wait"
+
+        closed = threading.Thread(target=trainer.broadcaster.close)
+        closed.start()
+        # Well within the member timeout that bounds the broadcast otherwise.
+        closed.join(timeout=member_timeout_s / 4)
+        assert not closed.is_alive(), "close waited for the broadcast in flight"
+        assert trainer.broadcaster.status()["synced_version"] == 1
+        stalled.signal(signal.SIGCONT)

@@ -11,10 +11,12 @@ import time
 import grpc
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 from sync_helpers import WorkerProcess, digests, tiny_model, trainer_service
 
 from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.config import ClientConfig
+from zerobubble.common.sync_protocol import Member
 from zerobubble.rollout.weight_receiver import WeightReceiver
 from zerobubble.trainer.broadcaster import LEFT
 
@@ -186,3 +188,41 @@ def test_a_broken_wake_up_connection_is_replaced_at_the_next_wake_up(caplog):
         assert "could not end the wait" in caplog.text
         sync._stop_awaiting(["after-reset"])
         assert sync._store.get("after-reset") == LEFT
+
+
+def test_a_worker_whose_trainer_finished_stops_asking_and_a_stopping_trainer_refuses_joins_by_name():
+    """The end of a run as the trainer goes through it: training finished, then the weight sync closes while the server
+    still answers, then the server stops. The worker learns from its watch's end that training is over and asks
+    again only after its long pause, not at its backoff's pace; joins meanwhile are refused with a status that
+    says why, never UNKNOWN."""
+    registry = CollectorRegistry()
+    with trainer_service() as trainer:
+        with TrainerClient(ClientConfig(address=trainer.address)) as client:
+            receiver = WeightReceiver(client, "w1", first_backoff_s=0.05, max_backoff_s=0.2, finished_pause_s=600,
+                                      registry=registry).start()
+            try:
+                trainer.wait_members({"w1"})
+                trainer.broadcaster.publish(tiny_model(seed=4).named_parameters(), 1)
+                assert receiver.wait_for(1, timeout=60)
+                joins = registry.get_sample_value("zerobubble_rollout_weight_sync_joins_total")
+
+                trainer.control.state = "finished"
+                trainer.broadcaster.close()
+                # At the old backoff (0.05 s doubling to 0.2 s) the worker would ask about ten times in this window.
+                deadline = time.monotonic() + 30
+                while not receiver.not_syncing:
+                    assert time.monotonic() < deadline, "the worker never learned that training has finished"
+                    time.sleep(0.05)
+                time.sleep(2.0)
+                assert registry.get_sample_value("zerobubble_rollout_weight_sync_joins_total") == joins
+                assert receiver.state.state is Member.JOINING
+
+                finished = refusal(lambda: client.join("w2", retry=False))
+                assert finished.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "training has finished" in finished.details()
+                trainer.control.state = "stopped by SIGTERM"
+                stopping = refusal(lambda: client.join("w2", retry=False))
+                assert stopping.code() == grpc.StatusCode.UNAVAILABLE
+                assert "the weight sync has closed" in stopping.details()
+            finally:
+                receiver.close()

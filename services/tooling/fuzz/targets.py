@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import resource
 import select
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +43,9 @@ FUZZ_WORKER = "fuzz-worker"
 # The reward service's HTTP side closes slow connections after these (http_abuse.py waits them out).
 HTTP_HEAD_TIMEOUT_S = 2.0
 HTTP_BODY_TIMEOUT_S = 2.0
+# Memory-backed where the machine has it: the thousand SaveCheckpoint requests each write (and fsync) a checkpoint,
+# which on a disk costs as much again as the rest of the call.
+FAST_DISK = Path("/dev/shm")
 
 
 def _free_port() -> int:
@@ -163,10 +168,11 @@ class Deployment:
             "buffer": {"address": self.processes["buffer-quiet"].address, "retry_seconds": 0},
             "reward_service": {"address": NOWHERE, "retry_seconds": 86_400}, "trainer": None}
         self.processes["rollout"] = ServiceProcess("rollout", configs["rollout"], directory).launch()
-        # The trainer answers SaveCheckpoint between pulls of its empty buffer, so a short pull wait keeps the
-        # thousand checkpoint requests from waiting a pull each.
+        self.trainer_run = Path(tempfile.mkdtemp(prefix="zerobubble-fuzz-trainer-",
+                                                 dir=FAST_DISK if FAST_DISK.is_dir() else directory))
+        # A short pull wait: a stop (the restart before WatchWeights) waits for the pull in progress.
         configs["trainer"] = {
-            "server": SERVER, "model": str(model), "run_dir": str(directory / "trainer-run"), "torch_threads": 1,
+            "server": SERVER, "model": str(model), "run_dir": str(self.trainer_run), "torch_threads": 1,
             "algorithm": {"preset": "GRPO", "beta": 0.0}, "batch": {"groups_per_step": 1, "pull_wait_seconds": 0.1},
             "checkpoint": {"keep": 1}, "weight_sync": {"member_timeout_s": 2.0},
             "buffer": {"address": self.processes["buffer-quiet"].address, "timeout_seconds": 10.0},
@@ -207,6 +213,7 @@ class Deployment:
             process.terminate()
         for process in self.processes.values():
             process.stop()
+        shutil.rmtree(self.trainer_run, ignore_errors=True)
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,8 @@ class FSDPStrategy(Strategy):
         weights = get_model_state_dict(self.model, options=_FULL)
         optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
         if self.rank == 0:
-            unique = {name: tensor for name, tensor in weights.items() if name not in self._tied_aliases()}
+            aliases = self._tied_aliases()
+            unique = {name: tensor for name, tensor in weights.items() if name not in aliases}
             self.model.save_pretrained(directory, state_dict=unique)
             torch.save(optimizer, directory / checkpoints.OPTIMIZER_FILE)
 
