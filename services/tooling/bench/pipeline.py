@@ -47,6 +47,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from zerobubble.common.clients.buffer import BufferClient
+from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.config import load_config
 from zerobubble.tooling.bench.cpu import process_cpu_seconds
 from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
@@ -131,11 +132,23 @@ class ScrapingProgress:
 STEP_PARTS = ("collate_seconds", "update_seconds", "publish_seconds")
 
 
-def training_figures(metrics_path: Path) -> dict[str, Any]:
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+def metrics_rows(metrics_path: Path) -> list[dict[str, Any]]:
+    if not metrics_path.exists():
+        return []
+    return [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+
+
+def training_started(row: dict[str, Any]) -> float:
+    """When the first update began, from the trainer's first row (written at the end of its step)."""
+    return row["time"] - row["step_seconds"]
+
+
+def training_figures(metrics_path: Path, last_step: int | None = None) -> dict[str, Any]:
+    """The figures of the trainer's rows, up to `last_step` when given."""
+    rows = [row for row in metrics_rows(metrics_path) if last_step is None or row["step"] <= last_step]
     if not rows:
         raise RuntimeError(f"{metrics_path}: no training step was recorded")
-    started = rows[0]["time"] - rows[0]["step_seconds"]
+    started = training_started(rows[0])
     seconds = rows[-1]["time"] - started
     samples = sum(row["samples"] for row in rows)
     waiting = sum(row["pull_wait_seconds"] for row in rows[1:])
@@ -179,30 +192,59 @@ def first_prompts(train: Path, count: int, out: Path) -> Path:
     return out
 
 
-def run_mode(config: UpConfig, assets: RunAssets, held_out: Path | None = None) -> dict[str, Any]:
-    """One pipeline run to the trainer's end; its figures, with the last checkpoint's pass@1 on `held_out`
-    when given (scored after the measurement, through the run's reward service)."""
+class TrainingClock:
+    """Whether the trainer has trained for `seconds` since its first update began (by its metrics rows)."""
+
+    def __init__(self, metrics_path: Path, seconds: float):
+        self.metrics_path, self.seconds, self.started = metrics_path, seconds, None
+
+    def __call__(self) -> bool:
+        if self.started is None:
+            rows = metrics_rows(self.metrics_path)
+            if not rows:
+                return False
+            self.started = training_started(rows[0])
+        return time.time() - self.started >= self.seconds
+
+
+def run_mode(config: UpConfig, assets: RunAssets, held_out: Path | None = None,
+             train_seconds: float | None = None) -> dict[str, Any]:
+    """One pipeline run to the trainer's end, or with `train_seconds` to the first checkpoint after that long
+    of training (every mode then trains for the same wall time, whatever its steps); its figures, with that
+    checkpoint's pass@1 on `held_out` when given (scored after the measurement, through the run's reward
+    service, once the workers and the trainer are stopped so that they do not take its cores)."""
     run = Run(config, tether=Tether.hold(config.run_dir))
+    metrics_path = config.run_dir / "trainer" / "metrics.jsonl"
     load_before = os.getloadavg()[0]
-    evaluation = None
+    evaluation, checkpoint, last_step = None, None, None
     try:
         trainer = run.launch(assets)
         progress = ScrapingProgress(run.services)
-        run.watch(trainer, progress)
+        finished = run.watch(trainer, progress,
+                             until=None if train_seconds is None else TrainingClock(metrics_path, train_seconds))
         progress.refresh()
+        if not finished:
+            with TrainerClient(run.client_config(trainer)) as client:
+                saved = client.save_checkpoint("bench", timeout=300)
+            checkpoint, last_step = Path(saved.path), saved.step
+            for process in reversed(run.services):
+                if process.service in ("rollout", "trainer"):
+                    process.stop()
         buffer = next(p for p in run.services if p.service == "buffer")
         with BufferClient(run.client_config(buffer)) as client:
             stats = client.stats()
         if held_out is not None:
             reward = next(p for p in run.services if p.service == "reward")
-            evaluation = evaluate_checkpoint(config.run_dir, held_out, run.client_config(reward))
+            evaluation = evaluate_checkpoint(config.run_dir, held_out, run.client_config(reward), checkpoint)
     finally:
         run.stop_all()
-    training = training_figures(config.run_dir / "trainer" / "metrics.jsonl")
+    training = training_figures(metrics_path, last_step)
     cores = progress.cores_used(*training.pop("training_span"))
     return {
         "max_staleness": config.run.max_staleness,
         "weight_updates": config.run.weight_updates,
+        "rollout_workers": config.pipeline.rollout_workers,
+        "ended_by": "data" if train_seconds is None or last_step is None else "time",
         "prefetch": config.trainer.get("batch", {}).get("prefetch", False),
         **training,
         "cpu_cores_used": {**cores, "all": round(sum(cores.values()), 3)},

@@ -20,8 +20,11 @@ from zerobubble.rollout.metrics import RolloutMetrics
 from zerobubble.trainer.checkpoints import STATE_FILE, latest_checkpoint
 
 
-def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_service: ClientConfig | str) -> dict | None:
-    checkpoint = latest_checkpoint(run_dir / "trainer" / "checkpoints")
+def evaluate_checkpoint(run_dir: Path, eval_data: Path, reward_service: ClientConfig | str,
+                        checkpoint: Path | None = None) -> dict | None:
+    """The held-out set on `checkpoint` (default: the run's latest); None when there is none, or when the worker's
+    periodic evaluation already scored its version."""
+    checkpoint = checkpoint or latest_checkpoint(run_dir / "trainer" / "checkpoints")
     if checkpoint is None:
         return None
     version = json.loads((checkpoint / STATE_FILE).read_text())["policy_version"]

@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,13 +164,16 @@ class Run:
             prompts = min(prompts, evaluation.max_prompts)
         return f"{prompts} prompts x {evaluation.samples_per_prompt} samples"
 
-    def watch(self, trainer: ServiceProcess, progress: ProgressLine) -> None:
-        """Until the trainer finishes, restarting what dies; raises ServiceFailed when a service dies with its
-        restarts used up."""
+    def watch(self, trainer: ServiceProcess, progress: ProgressLine, until: Callable[[], bool] | None = None) -> bool:
+        """Until the trainer finishes, or `until()` is true first (then False), restarting what dies; raises
+        ServiceFailed when a service dies with its restarts used up."""
         supervisor = Supervisor(self.services, trainer, self.config.restarts, self.config.startup_timeout_seconds)
         while not supervisor.check():
+            if until is not None and until():
+                return False
             progress.refresh()
             time.sleep(0.5)
+        return True
 
     def stop_all(self) -> None:
         """Every service in reverse order, then the run folder is free."""
