@@ -50,7 +50,8 @@ def test_versus_has_no_ratio_over_a_baseline_that_learnt_nothing():
     assert figures["learning_per_minute"] is None
 
 
-@pytest.mark.parametrize("option", ["--train-seconds=0", "--repeats=0", "--workers=0", "--modes=in_flight,sideways"])
+@pytest.mark.parametrize("option", ["--train-seconds=0", "--repeats=0", "--workers=0", "--modes=in_flight,sideways",
+                                    "--engine=sglang"])
 def test_bad_options_are_refused_naming_them(option, capsys):
     parser = argparse.ArgumentParser()
     register_bench(parser.add_subparsers(dest="what"))

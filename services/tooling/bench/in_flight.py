@@ -102,7 +102,7 @@ def bench_in_flight(*, prompts: int = 64, epochs: int = 20, train_seconds: float
                     filler: int | None = None, max_staleness: int = 2, workers: int = 1,
                     groups_per_step: int | None = None, prompts_per_batch: int | None = None,
                     warm_start_steps: int = WARM_START_STEPS, label_smoothing: float = 0.0, eval_samples: int = 4,
-                    repeats: int = 1,
+                    repeats: int = 1, engine: str = "transformers",
                     modes: tuple[str, ...] = MODES, cache: Path = Path("runs/.assets"),
                     workdir: Path | None = None) -> dict[str, Any]:
     """Every mode in `modes` on the first `prompts` prompts of the demo's task, each trained for `train_seconds`
@@ -115,6 +115,7 @@ def bench_in_flight(*, prompts: int = 64, epochs: int = 20, train_seconds: float
         "buffer.prompts.epochs": epochs, "tiny_model.response_filler": filler,
         "tiny_model.warm_start_steps": warm_start_steps, "tiny_model.warm_start_label_smoothing": label_smoothing,
         "pipeline.rollout_workers": workers, "rollout.eval.samples_per_prompt": eval_samples,
+        "rollout.model.engine": engine,
         # The same rate whatever steps a mode reaches in its time: a decay derived from the data's length would
         # differ from mode to mode only by how far each got.
         "trainer.strategy.optim.schedule": "constant",
@@ -126,7 +127,8 @@ def bench_in_flight(*, prompts: int = 64, epochs: int = 20, train_seconds: float
         overrides["rollout.generation.prompts_per_batch"] = prompts_per_batch
     figures: dict[str, Any] = {"benchmark": "in-flight", "prompts": prompts, "epochs": epochs,
                                "train_seconds": train_seconds, "max_new_tokens": max_new_tokens,
-                               "response_filler": filler, "max_staleness": max_staleness, "rollout_workers": workers}
+                               "response_filler": filler, "max_staleness": max_staleness, "rollout_workers": workers,
+                               "engine": engine}
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
     runs = (tempfile.TemporaryDirectory(prefix="zerobubble-bench-in-flight-") if workdir is None
@@ -206,6 +208,8 @@ def register_bench(benches) -> None:
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt for pass@1")
     parser.add_argument("--repeats", type=positive(int), default=1,
                         help="runs of every mode, each with its own seed, the order reversed every other one")
+    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                        help="the workers' engine (vllm: run the bench from the vLLM environment, .venv-vllm)")
     parser.add_argument("--modes", type=mode_list, default=MODES, help="comma-separated modes to run")
     parser.add_argument("--cache", type=Path, default=Path("runs/.assets"),
                         help="where the tiny model and task are kept between runs (as for `zerobubble up`)")
@@ -216,5 +220,5 @@ def register_bench(benches) -> None:
         max_new_tokens=args.max_new_tokens, filler=args.filler, max_staleness=args.max_staleness,
         workers=args.workers, groups_per_step=args.groups_per_step, prompts_per_batch=args.prompts_per_batch,
         warm_start_steps=args.warm_start_steps, label_smoothing=args.label_smoothing, eval_samples=args.eval_samples,
-        repeats=args.repeats,
+        repeats=args.repeats, engine=args.engine,
         modes=args.modes, cache=args.cache, workdir=args.workdir))
