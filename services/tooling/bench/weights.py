@@ -353,7 +353,10 @@ class _SyncBench:
                                                    self.host.address]))
 
     def wait_member(self) -> None:
+        deadline = time.monotonic() + TIMEOUT_S
         while len(self.broadcaster.members) < len(self.children):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bench receivers did not join within {TIMEOUT_S} s")
             for child in self.children:
                 if child.poll() is not None:
                     raise RuntimeError(f"bench receiver exited with {child.returncode} before joining")
@@ -597,7 +600,7 @@ def _measure_lora(tiny_size: str, rank: int, repeats: int, bucket_mb: float, thr
 
 class _NoTraining:
     def status(self) -> dict:
-        return {"step": 0, "policy_version": 0, "last_checkpoint": ""}
+        return {"step": 0, "policy_version": 0, "last_checkpoint": "", "state": "training"}
 
     def save_checkpoint(self, tag: str) -> tuple[str, int]:
         return "", 0
