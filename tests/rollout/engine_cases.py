@@ -104,3 +104,19 @@ def ascii_pair_stop(sample: Sample) -> tuple[str, int]:
             first = next(i for i in range(1, len(ids)) if ids[i - 1] == ids[end - 1] and ids[i] == ids[end])
             return stop, first + 1
     raise AssertionError(f"no two adjacent ASCII tokens in {ids}")
+
+
+def swap_once(engine, weights, at_step: int):
+    """A between_steps hook that loads `weights` as version 1 at the boundary before step `at_step`."""
+    boundaries = iter(range(1, 10_000))
+
+    def between_steps() -> None:
+        if next(boundaries) == at_step:
+            engine.load_weights(weights, version=1)
+    return between_steps
+
+
+def long_samples(groups, at_least: int):
+    samples = [s for group in groups for s in group if len(s.token_ids) > at_least]
+    assert samples, "no sample ran past the swap: the test would check nothing"
+    return samples

