@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zerobubble.rollout.engine import Sample
+from zerobubble.rollout.engine import Sample, SamplingSettings
 from zerobubble.tooling.tiny.model import make_tiny_model
 
 # Freshly initialised, the tiny model mostly repeats its last input token (its residual stream is the tied
@@ -120,3 +121,36 @@ def long_samples(groups, at_least: int):
     samples = [s for group in groups for s in group if len(s.token_ids) > at_least]
     assert samples, "no sample ran past the swap: the test would check nothing"
     return samples
+
+
+def check_concurrent_loads(engine, plain, weights, prompts, tolerance: float, pause_s: float = 0.0) -> None:
+    """A thread loads the two versions alternately (every `pause_s`) while `engine` generates: every token's
+    log-prob must be the forward of the version its version names (version parity picks `plain[0]` or `plain[1]`),
+    and some sample must span a load."""
+    done = threading.Event()
+    loads = []
+
+    def loader() -> None:
+        version = 0
+        while not done.is_set():
+            version += 1
+            engine.load_weights(weights[version % 2], version=version)
+            loads.append(version)
+            if pause_s:
+                done.wait(pause_s)
+
+    thread = threading.Thread(target=loader)
+    thread.start()
+    try:
+        groups = engine.generate(prompts, SamplingSettings(n=2, temperature=1.0, max_new_tokens=24, seed=5))
+    finally:
+        done.set()
+        thread.join()
+    assert len(loads) > 3
+    spanning = 0
+    for prompt, group in zip(prompts, groups, strict=True):
+        for sample in group:
+            expected = [recompute_logprobs(model, prompt, sample, 1.0) for model in plain]
+            np.testing.assert_allclose(sample.logprobs, np.where(sample.versions % 2 == 0, *expected), atol=tolerance)
+            spanning += len(set(sample.versions.tolist())) > 1
+    assert spanning, "no sample saw a load mid-sequence: the test would check nothing"

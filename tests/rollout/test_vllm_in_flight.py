@@ -7,8 +7,6 @@ hook it needs. It runs at most MAX_RUNNING requests at once, so that in a call o
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
@@ -18,6 +16,7 @@ pytest.importorskip("vllm", reason="vllm is not installed in this environment; `
 
 from engine_cases import (  # noqa: E402
     chat_prompts,
+    check_concurrent_loads,
     checkpoint_weights,
     long_samples,
     recompute_logprobs,
@@ -181,31 +180,4 @@ def test_loads_from_another_thread_land_only_between_engine_steps(engine, models
     half-new weights, or stamp a token with a version that did not draw it)."""
     plain, weights = models
     engine.prefix_on_new_weights = "recompute"
-    done = threading.Event()
-    loads = []
-
-    def loader() -> None:
-        version = 0
-        while not done.is_set():
-            version += 1
-            engine.load_weights(weights[version % 2], version=version)
-            loads.append(version)
-            done.wait(0.005)
-
-    prompts = chat_prompts(varied_model, 2)
-    thread = threading.Thread(target=loader)
-    thread.start()
-    try:
-        groups = engine.generate(prompts, SamplingSettings(n=2, temperature=1.0, max_new_tokens=24, seed=5))
-    finally:
-        done.set()
-        thread.join()
-    assert len(loads) > 3
-    spanning = 0
-    for prompt, group in zip(prompts, groups, strict=True):
-        for sample in group:
-            expected = [recompute_logprobs(model, prompt, sample, 1.0) for model in plain]
-            np.testing.assert_allclose(sample.logprobs, np.where(sample.versions % 2 == 0, *expected),
-                                       atol=TOLERANCE)
-            spanning += len(set(sample.versions.tolist())) > 1
-    assert spanning, "no sample saw a load mid-sequence: the test would check nothing"
+    check_concurrent_loads(engine, plain, weights, chat_prompts(varied_model, 2), TOLERANCE, pause_s=0.005)
