@@ -11,7 +11,7 @@ from zerobubble.tooling.fuzz.messages import ITEM_BYTES, MessageStrategies
 from zerobubble.tooling.fuzz.targets import MAX_MESSAGE_BYTES, RPCS
 from zerobubble.v1 import common_pb2
 
-DRAWS = 150
+DRAWS = 200
 
 
 def _draw(strategy, count: int = DRAWS) -> list:

@@ -140,7 +140,12 @@ class MessageStrategies:
             return lists
         # Many copies of one element: counts far past what a caller should send, cheap to draw.
         counts = st.sampled_from([100, 1000, 10_000])
-        return lists | st.builds(lambda item, count: [item] * count, self._elements.value(field, depth), counts)
+        return lists | st.builds(self._copies, self._elements.value(field, depth), counts)
+
+    def _copies(self, item, count: int) -> list:
+        # At most `huge` bytes of copies: an element can be a tree of nested lists, and ten thousand copies of
+        # one, built before the size filter sees them, took the fuzzing process to tens of gigabytes.
+        return [item] * min(count, max(1, self.huge // _size(item)))
 
     # -- messages ------------------------------------------------------------------------------------------
     def message(self, descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy[Message]:
@@ -222,6 +227,15 @@ def build(cls: type[Message], values: dict) -> Message:
     for name, value in values.items():
         assign(message, cls.DESCRIPTOR.fields_by_name[name], value)
     return message
+
+
+def _size(value) -> int:
+    """About how many bytes `value` (a drawn field value) takes on the wire."""
+    if isinstance(value, Message):
+        return max(1, value.ByteSize())
+    if isinstance(value, str | bytes):
+        return max(1, len(value))
+    return 8
 
 
 def _random_bytes(seed: int, size: int) -> bytes:
