@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import grpc
+
 from zerobubble.rollout.config import OpenAIEndpointConfig
 from zerobubble.rollout.engine import SamplingError, SamplingSettings
 from zerobubble.rollout.openai_groups import Group, GroupPusher, row_of
@@ -29,6 +31,13 @@ from zerobubble.rollout.openai_groups import Group, GroupPusher, row_of
 log = logging.getLogger(__name__)
 _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "n",
                 "stream", "tools", "tool_choice", "seed", "user"}
+
+
+def _why(exc: Exception) -> str:
+    """A peer's failure in one line: a gRPC error's status and details, not its multi-line rendering."""
+    if isinstance(exc, grpc.RpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__
 
 
 class Refused(Exception):
@@ -129,7 +138,11 @@ class OpenAIEndpoint:
             if len(self._sessions) + size > self.config.max_sessions:
                 raise Refused(429, "sessions", f"a group of {size} sessions would pass max_sessions="
                                                f"{self.config.max_sessions}")
-        lease = self.pusher.lease()
+        try:
+            lease = self.pusher.lease()
+        except Exception as exc:  # noqa: BLE001 - the buffer stayed away past its retries
+            raise Refused(503, "groups", f"no prompt could be leased, the buffer did not answer ({_why(exc)}); "
+                                         "ask again later") from None
         if lease.end_of_data:
             raise Refused(410, "groups", "the data is finished: no more prompts will come")
         if not lease.prompts:
@@ -179,9 +192,10 @@ class OpenAIEndpoint:
                 answer["group"] = self.pusher.push(group)
             except Exception as exc:  # noqa: BLE001 - the buffer or reward service stayed away past its retries
                 log.warning("the group of prompt %s could not be pushed: %r", group.prompt.prompt_id, exc)
-                self.pusher.give_back(group)
-                raise Refused(503, "group", f"the group could not be scored or pushed ({exc}); its prompt went "
-                                            "back to the buffer") from None
+                back = ("went back to the buffer" if self.pusher.give_back(group) else
+                        "goes back to the buffer when its lease expires")
+                raise Refused(503, "group", f"the group could not be scored or pushed ({_why(exc)}); its prompt "
+                                            f"{back}") from None
         return answer
 
     def complete(self, session_id: str, body: dict) -> dict:

@@ -92,12 +92,15 @@ class GroupPusher:
         worker = self.worker
         return worker.persist(lambda: worker.buffer.lease(self.producer_id, 1), "lease", worker.buffer)
 
-    def give_back(self, group: Group) -> None:
-        """The group's prompt goes back to the buffer's queue (its lease completed without a group)."""
+    def give_back(self, group: Group) -> bool:
+        """The group's prompt goes back to the buffer's queue (its lease completed without a group); False when
+        the buffer did not answer, and the prompt goes back only when the lease expires there."""
         try:
             self.worker.buffer.complete(group.lease.lease_id)
         except Exception as exc:  # noqa: BLE001 - the lease then expires at the buffer
             log.warning("giving back lease %s failed (it expires at the buffer): %s", group.lease.lease_id, exc)
+            return False
+        return True
 
     def push(self, group: Group) -> dict:
         worker = self.worker

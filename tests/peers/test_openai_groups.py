@@ -29,7 +29,7 @@ IDLE_S = 4.0
 
 @contextlib.contextmanager
 def open_stack(folder, **settings) -> Iterator[tuple[str, object, object, object]]:
-    """The endpoint's base URL, the buffer's core, the rollout host and the reward server."""
+    """The endpoint's base URL, the buffer, rollout host and reward servers."""
     model, train, _ = tiny_assets(folder, train_size=2, eval_size=1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GROUPS_TOKEN", TOKEN)
@@ -44,7 +44,7 @@ def open_stack(folder, **settings) -> Iterator[tuple[str, object, object, object
             "worker_id": "agents", "model.path": str(model), "trainer": None, "buffer.address": buffer.address,
             "openai.enabled": True, "openai.exclusive": True, "openai.session_idle_s": IDLE_S, **settings})
         host = build(config).start()
-        yield f"http://127.0.0.1:{host.openai.port}", buffer.core, host, reward
+        yield f"http://127.0.0.1:{host.openai.port}", buffer, host, reward
         host.stop(0.5)
         buffer.stop(0)
         reward.stop(0)
@@ -53,7 +53,7 @@ def open_stack(folder, **settings) -> Iterator[tuple[str, object, object, object
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     with open_stack(tmp_path_factory.mktemp("tiny")) as (endpoint, buffer, host, _):
-        yield endpoint, buffer, host
+        yield endpoint, buffer.core, host
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
@@ -149,6 +149,7 @@ def test_a_group_the_reward_service_cannot_score_is_answered_503_and_its_prompt_
     # prompt can be leased again.
     with open_stack(tmp_path, **{"reward_service.retry_seconds": 1.0,
                                  "reward_service.timeout_seconds": 2.0}) as (endpoint, buffer, _, reward):
+        buffer = buffer.core
         status, group = post(f"{endpoint}/v1/groups", {})
         assert status == 200, group
         for base_url in group["base_urls"]:
@@ -167,6 +168,24 @@ def test_a_group_the_reward_service_cannot_score_is_answered_503_and_its_prompt_
                 break
             time.sleep(0.2)
         assert leased["row"].get("prompt_id") == group["row"]["prompt_id"], leased
+
+def test_a_group_the_buffer_cannot_take_is_answered_503_and_the_endpoint_goes_on(tmp_path):
+    # The buffer stops before the group's last session closes and stays away past the worker's retries: the close
+    # is answered 503 naming the group, saying the prompt comes back only when its lease expires (it could not be
+    # given back), and the endpoint still answers the next caller instead of hanging on the buffer.
+    with open_stack(tmp_path, **{"buffer.retry_seconds": 1.0, "buffer.timeout_seconds": 2.0}) as (
+            endpoint, buffer_server, _, _):
+        status, group = post(f"{endpoint}/v1/groups", {})
+        assert status == 200, group
+        for base_url in group["base_urls"]:
+            run_agent(endpoint, base_url, group["row"]["messages"], 1)
+        assert post(f"{endpoint}/v1/sessions/{group['sessions'][0]}/close", {"reward": 1.0})[0] == 200
+        buffer_server.stop(0)
+        status, refused = post(f"{endpoint}/v1/sessions/{group['sessions'][1]}/close", {"reward": 0.0})
+        assert status == 503 and refused["error"]["param"] == "group", refused
+        assert "when its lease expires" in refused["error"]["message"], refused
+        status, refused = post(f"{endpoint}/v1/groups", {})
+        assert status == 503 and refused["error"]["param"] == "groups", refused
 
 
 def test_exclusive_without_the_endpoint_is_refused_naming_the_field(tmp_path):
