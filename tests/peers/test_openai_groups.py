@@ -93,7 +93,7 @@ def test_a_groups_sessions_are_pushed_as_one_group_with_the_tokens_the_client_re
     status, first = post(f"{endpoint}/v1/sessions/{group['sessions'][0]}/close", {"reward": 1.0})
     assert status == 200 and "group" not in first and buffer.stats()["groups_in"] == 0
     # The second closes without a reward: the arithmetic verifier judges its last answer.
-    status, second = post(f"{endpoint}/v1/sessions/{group['sessions'][1]}/close", {})
+    status, second = post(f"{endpoint}/v1/sessions/{group['sessions'][-1]}/close", {})
     assert status == 200, second
     pushed = second["group"]
     assert pushed["prompt_id"] == group["row"]["prompt_id"] and pushed["rewards"][0] == 1.0
@@ -142,6 +142,16 @@ def test_a_group_whose_session_goes_idle_gives_its_prompt_back_and_pushes_nothin
     assert status == 400 and refused["error"]["param"] == "reward"
 
 
+def open_all_but_the_last_close(endpoint: str) -> dict:
+    """A group whose sessions each made one call, all closed but the last."""
+    status, group = post(f"{endpoint}/v1/groups", {})
+    assert status == 200, group
+    for base_url in group["base_urls"]:
+        run_agent(endpoint, base_url, group["row"]["messages"], 1)
+    for session in group["sessions"][:-1]:
+        assert post(f"{endpoint}/v1/sessions/{session}/close", {"reward": 1.0})[0] == 200
+    return group
+
 
 def test_a_group_the_reward_service_cannot_score_is_answered_503_and_its_prompt_goes_back(tmp_path):
     # The verifier's service stops before the group's last session closes without a reward, and stays away past
@@ -150,13 +160,9 @@ def test_a_group_the_reward_service_cannot_score_is_answered_503_and_its_prompt_
     with open_stack(tmp_path, **{"reward_service.retry_seconds": 1.0,
                                  "reward_service.timeout_seconds": 2.0}) as (endpoint, buffer, _, reward):
         buffer = buffer.core
-        status, group = post(f"{endpoint}/v1/groups", {})
-        assert status == 200, group
-        for base_url in group["base_urls"]:
-            run_agent(endpoint, base_url, group["row"]["messages"], 1)
-        assert post(f"{endpoint}/v1/sessions/{group['sessions'][0]}/close", {"reward": 1.0})[0] == 200
+        group = open_all_but_the_last_close(endpoint)
         reward.stop(0)
-        status, refused = post(f"{endpoint}/v1/sessions/{group['sessions'][1]}/close", {})
+        status, refused = post(f"{endpoint}/v1/sessions/{group['sessions'][-1]}/close", {})
         assert status == 503 and refused["error"]["param"] == "group", refused
         assert "went back to the buffer" in refused["error"]["message"]
         assert buffer.stats()["groups_in"] == 0
@@ -169,19 +175,16 @@ def test_a_group_the_reward_service_cannot_score_is_answered_503_and_its_prompt_
             time.sleep(0.2)
         assert leased["row"].get("prompt_id") == group["row"]["prompt_id"], leased
 
+
 def test_a_group_the_buffer_cannot_take_is_answered_503_and_the_endpoint_goes_on(tmp_path):
     # The buffer stops before the group's last session closes and stays away past the worker's retries: the close
     # is answered 503 naming the group, saying the prompt comes back only when its lease expires (it could not be
     # given back), and the endpoint still answers the next caller instead of hanging on the buffer.
     with open_stack(tmp_path, **{"buffer.retry_seconds": 1.0, "buffer.timeout_seconds": 2.0}) as (
             endpoint, buffer_server, _, _):
-        status, group = post(f"{endpoint}/v1/groups", {})
-        assert status == 200, group
-        for base_url in group["base_urls"]:
-            run_agent(endpoint, base_url, group["row"]["messages"], 1)
-        assert post(f"{endpoint}/v1/sessions/{group['sessions'][0]}/close", {"reward": 1.0})[0] == 200
+        group = open_all_but_the_last_close(endpoint)
         buffer_server.stop(0)
-        status, refused = post(f"{endpoint}/v1/sessions/{group['sessions'][1]}/close", {"reward": 0.0})
+        status, refused = post(f"{endpoint}/v1/sessions/{group['sessions'][-1]}/close", {"reward": 0.0})
         assert status == 503 and refused["error"]["param"] == "group", refused
         assert "when its lease expires" in refused["error"]["message"], refused
         status, refused = post(f"{endpoint}/v1/groups", {})
