@@ -31,8 +31,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 # cred_expire is also how long a requeued job waits before it may start again (slurm.conf(5), AuthInfo; 120 s by
-# default, 5 at least): long enough for a step's launch here, short enough for the requeue test.
-AuthInfo=socket={root}/munge/munge.socket,cred_expire=10
+# default, 5 at least): long enough for the requeue test's failed node to be back before the job starts again (at
+# 10 s the job once restarted first, and the node's return cancelled its new steps), shorter than the default.
+AuthInfo=socket={root}/munge/munge.socket,cred_expire=60
 CredType=cred/munge
 StateSaveLocation={root}/ctld
 SlurmctldPidFile={root}/ctld/slurmctld.pid
