@@ -16,7 +16,7 @@ _CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 _PATH = re.compile(r"^(services|tests|deploy|protos|docs|\.ci)/[\w./*-]*$")
 # Other spellings of a repository path: through the package name, or from inside services/.
 _OTHER_SPELLING = re.compile(r"^(zerobubble/|(common|reward|buffer|rollout|trainer|environment|tooling)/)[\w/]+\.py\b")
-_KEY = re.compile(r"^([a-z_]+(?:\.[a-z_0-9]+)+)(?:[ =:].*)?$")
+_KEY = re.compile(r"^([a-z_]+(?:\[\])?(?:\.(?:[a-z_0-9]+|NAME)(?:\[\])?)+)(?:[ =:].*)?$")
 
 
 def _schemas():
@@ -28,18 +28,25 @@ def _schemas():
 
 
 def _resolves(schema, parts: list[str]) -> bool:
-    from pydantic import BaseModel
+    """Whether the dotted key names a setting: sections, optional sections and entries are walked into (a list's
+    entries written `name[]` or with an index, a dict's with any entry name)."""
+    from zerobubble.common.config import nested_model
 
-    node = schema
-    for part in parts:
+    node, position = schema, 0
+    while position < len(parts):
+        name = parts[position].removesuffix("[]")
         fields = getattr(node, "model_fields", None)
-        if fields is None or part not in fields:
+        if fields is None or name not in fields:
             return False
-        annotation = fields[part].annotation
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            # A leaf (or a dict of free-form entries, such as by_data_source): what follows is data, not a key.
+        model, nesting = nested_model(fields[name].annotation)
+        if model is None:
+            # A leaf (or a dict of free-form entries): what follows is data, not a key.
             return True
-        node = annotation
+        position += 1
+        if nesting == "dict" or (nesting == "list" and not parts[position - 1].endswith("[]")
+                                 and position < len(parts) and parts[position].isdigit()):
+            position += 1   # the entry's name or index
+        node = model
     return True
 
 
@@ -48,7 +55,7 @@ def key_problem(key: str, up, services) -> str | None:
     module paths and other dotted names pass."""
     parts = key.split(".")
     roots = [up, *services.values()]
-    if not any(parts[0] in schema.model_fields for schema in roots):
+    if not any(parts[0].removesuffix("[]") in schema.model_fields for schema in roots):
         return None
     if parts[0] in services and parts[0] in up.model_fields and _resolves(services[parts[0]], parts[1:]):
         return None   # `up`'s service sections take their service's keys

@@ -9,6 +9,8 @@ import difflib
 import ipaddress
 import os
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -228,12 +230,63 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
 
 
+def nested_model(annotation: Any) -> tuple[type[BaseModel] | None, str]:
+    """The schema a field's values are checked against, and how it nests: "section" (the model itself, or the model
+    or null), "list" (a list of entries) or "dict" (entries by name); (None, "") for a plain value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, "section"
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        models = [arg for arg in args if isinstance(arg, type) and issubclass(arg, BaseModel)]
+        if len(models) == 1 and all(arg is type(None) for arg in args if arg is not models[0]):
+            return models[0], "section"
+    if origin is list and len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0], "list"
+    if origin is dict and len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+        return args[1], "dict"
+    return None, ""
+
+
 def _leaf_keys(schema: Any, prefix: str = "") -> list[str]:
+    """Every key a user can write in `schema`, sections expanded; a list or dict of entries is one key (its entries'
+    keys are the entries' own)."""
     keys = []
     for name, field in getattr(schema, "model_fields", {}).items():
-        inner = _leaf_keys(field.annotation, f"{prefix}{name}.")
+        model, nesting = nested_model(field.annotation)
+        inner = _leaf_keys(model, f"{prefix}{name}.") if nesting == "section" else []
         keys += inner or [f"{prefix}{name}"]
     return keys
+
+
+def _holder(schema: type[BaseModel], loc: tuple) -> tuple[type[BaseModel], int] | None:
+    """The entry of a list or dict that the key at `loc` sits in: its schema and where its own keys start in `loc`;
+    None when the key sits in sections only."""
+    node, holder = schema, None
+    position = 0
+    while position < len(loc) - 1:
+        field = getattr(node, "model_fields", {}).get(loc[position])
+        model, nesting = nested_model(field.annotation) if field is not None else (None, "")
+        if model is None:
+            return holder
+        position += 2 if nesting in ("list", "dict") else 1
+        if nesting in ("list", "dict"):
+            holder = (model, position)
+        node = model
+    return holder
+
+
+def _suggestion(schema: type[BaseModel], loc: tuple, prefix: str) -> str | None:
+    """The closest key to the unknown one at `loc`: among its entry's own keys when it sits in a list or dict entry
+    (named as the entry writes it), else among every key of the schema, across sections."""
+    holder = _holder(schema, loc)
+    if holder is not None:
+        entry, start = holder
+        candidates, typed = _leaf_keys(entry), ".".join(str(part) for part in loc[start:])
+    else:
+        candidates = [prefix + key for key in _leaf_keys(schema)]
+        typed = prefix + ".".join(str(part) for part in loc)
+    close = difflib.get_close_matches(typed, candidates, n=1)
+    return close[0] if close else None
 
 
 def describe_errors(error: ValidationError, schema: type[BaseModel], prefix: str = "") -> list[str]:
@@ -244,8 +297,8 @@ def describe_errors(error: ValidationError, schema: type[BaseModel], prefix: str
         field = prefix + ".".join(str(part) for part in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(field, [prefix + key for key in _leaf_keys(schema)], n=1)
-            message = "unknown key" + (f"; did you mean {close[0]}?" if close else "")
+            close = _suggestion(schema, item["loc"], prefix)
+            message = "unknown key" + (f"; did you mean {close}?" if close else "")
         lines.append(f"  {field}: {message}" if field else message if message.startswith("  ") else f"  {message}")
     return lines
 

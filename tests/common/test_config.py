@@ -73,3 +73,68 @@ def test_shipped_config_files_validate():
         schema = schemas.get(path.stem.split("-")[0], UpConfig if path.parent == configs.DIRECTORY else None)
         assert schema is not None, f"{path.name}: name it after its service"
         load_config(schema, path)
+
+
+def test_a_typo_in_a_list_or_named_entry_gets_the_closest_of_the_entrys_own_keys():
+    from zerobubble.environment.config import EnvironmentServiceConfig
+    from zerobubble.tooling.launcher.config import UpConfig
+
+    entry = "environments=[{name: calc, builtin: calculator, tool_fromat: compact}]"
+    with pytest.raises(ConfigError, match=r"environments\.0\.tool_fromat: unknown key; did you mean tool_format\?"):
+        load_config(EnvironmentServiceConfig, overrides=[entry])
+    # Under `up` the same entry is named from the run config's root; the suggestion is still the entry's own key.
+    with pytest.raises(ConfigError, match=r"environment\.environments\.0\.tool_fromat: unknown key; "
+                                          r"did you mean tool_format\?"):
+        load_config(UpConfig, overrides=[f"environment.{entry}"])
+    # A section inside an entry: the suggestion is written from the entry.
+    with pytest.raises(ConfigError, match=r"did you mean openenv\.url\?"):
+        load_config(EnvironmentServiceConfig, overrides=["environments=[{name: g, openenv: {url: u, urll: u}}]"])
+    # Entries by name (a dict of schemas).
+    with pytest.raises(ConfigError, match=r"run\.episodes\.by_data_source\.math\.environmnt: unknown key; "
+                                          r"did you mean environment\?"):
+        load_config(UpConfig, overrides=["run.episodes.by_data_source={math: {environmnt: calc}}"])
+    with pytest.raises(ConfigError, match=r"custom_verifiers\.0\.functon: unknown key; did you mean function\?"):
+        load_config(RewardServiceConfig, overrides=["custom_verifiers=[{name: x, function: 'm:f', functon: 1}]"])
+
+
+def test_a_typo_in_an_optional_section_gets_the_sections_key():
+    from zerobubble.tooling.launcher.config import UpConfig
+
+    with pytest.raises(ConfigError, match=r"trainer\.lora\.rnk: unknown key; did you mean trainer\.lora\.rank\?"):
+        load_config(UpConfig, overrides=["trainer.lora.rnk=4"])
+
+
+def _schemas():
+    import importlib
+
+    from zerobubble.tooling.launcher.config import UpConfig
+
+    return [UpConfig] + [importlib.import_module(f"zerobubble.{name}.app").CONFIG_SCHEMA
+                         for name in ("reward", "buffer", "rollout", "trainer", "environment")]
+
+
+def test_the_reference_expands_every_nested_schema():
+    from zerobubble.common.config import nested_model
+    from zerobubble.common.config_reference import describe
+
+    for schema in _schemas():
+        parts = {part for name, _, _ in describe(schema) for part in name.replace("[]", "").split(".")}
+        # Every field of every schema reachable from this one, entries and optional sections included, has a row.
+        reachable, todo = set(), [schema]
+        while todo:
+            model = todo.pop()
+            if model in reachable:
+                continue
+            reachable.add(model)
+            for field_name, field in model.model_fields.items():
+                assert field_name in parts, (schema.__name__, model.__name__, field_name)
+                inner, _ = nested_model(field.annotation)
+                if inner is not None:
+                    todo.append(inner)
+    environment = {name: default for name, default, _ in describe(_schemas()[-1])}
+    assert environment["environments[].tool_format"] == "hermes"
+    assert environment["environments[].mcp[].call_timeout_s"] == "5.0"
+    trainer = {name: default for name, default, _ in describe(_schemas()[4])}
+    assert trainer["lora"] == "null" and trainer["lora.rank"] == "8"
+    buffer = {name for name, _, _ in describe(_schemas()[2])}
+    assert "run_spec.episodes.by_data_source.NAME.environment" in buffer
