@@ -12,6 +12,11 @@ from pydantic import Field
 
 from zerobubble.common.config import Schema
 
+# The ends of an episode (EpisodeInfo.ended_reason) that are its environment failing, not a limit of the run
+# (done, max_turns, max_tokens) or of the environment service (max_steps).
+ENVIRONMENT_FAILURES = frozenset({"error", "bad_reply", "timeout", "exited", "observation_too_large",
+                                  "reset_failed", "unavailable"})
+
 
 class EpisodeRoute(Schema):
     environment: str = Field(min_length=1, description="the environment service's name for the environment "
@@ -37,6 +42,10 @@ class EpisodeSpec(Schema):
                                         "every turn and observation together)")
     max_observation_tokens: int = Field(256, gt=0, description="an observation's content is cut to this many "
                                         "tokens (the chat template around it is not counted)")
+    max_failed_batches: int | None = Field(
+        3, gt=0, description="a rollout worker whose episodes all end in an environment failure (error, "
+        "bad_reply, timeout, reset_failed, unavailable, ...) for this many batches in a row stops the run, naming "
+        "the environment, the reason and its first error (null: never; each failed batch is still a warning)")
 
     def route(self, data_source: str | None) -> EpisodeRoute | None:
         """The episode route of a row, or None when the row is single-turn."""

@@ -3,6 +3,7 @@ users' environments (worker.py), on the service's threads for the calculator and
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ from zerobubble.environment.config import FINAL_ANSWER_RULES, EnvironmentConfig
 from zerobubble.environment.contract import ERROR, BadReply, Step, check_observation, check_step
 from zerobubble.environment.mcp_tools import list_tools, mcp_tools
 from zerobubble.environment.tools import ToolEnvironment, final_answer_rule, tool_schema
+
+_TRACE_FRAMES, _TRACE_CHARS = 6, 1200
 
 
 @dataclass(frozen=True)
@@ -111,14 +114,14 @@ class Episode:
             self._environment = self._plan.make()
             opening = self._environment.reset(row) if hasattr(self._environment, "reset") else None
         except BaseException as exc:  # noqa: BLE001 - sys.exit in the user's code is its failure too
-            raise BadReply(ERROR, f"reset raised {type(exc).__name__}: {shown(exc)}") from None
+            raise BadReply(ERROR, f"reset raised {type(exc).__name__}: {shown(exc)}{_trace(exc)}") from None
         return check_observation(opening, "the opening", self._bounds.max_observation_bytes)
 
     def step(self, assistant_text: str) -> Step:
         try:
             value = self._environment.step(assistant_text)
         except BaseException as exc:  # noqa: BLE001
-            raise BadReply(ERROR, f"step raised {type(exc).__name__}: {shown(exc)}") from None
+            raise BadReply(ERROR, f"step raised {type(exc).__name__}: {shown(exc)}{_trace(exc)}") from None
         try:
             step = check_step(value, self._bounds.max_observation_bytes, self._bounds.max_info_bytes)
         except BadReply:
@@ -127,6 +130,18 @@ class Episode:
             raise BadReply(ERROR, f"reading what step returned raised {type(exc).__name__}") from None
         calls = len(parse(assistant_text, self._plan.tool_format)) if self._plan.tool_format else 0
         return Step(step.observation, step.reward, step.done, step.info, calls)
+
+
+def _trace(exc: BaseException) -> str:
+    """The innermost frames of the user's exception, after a newline: what the user needs to find the line at
+    fault, short enough to travel in a status message."""
+    # The first frame is the call into the user's code, here.
+    user_frames = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+    try:
+        frames = "".join(traceback.format_tb(user_frames, limit=-_TRACE_FRAMES))
+    except Exception:  # noqa: BLE001 - a frame whose source cannot be read still leaves the message
+        return ""
+    return f"\nTraceback (innermost frames):\n{frames[-_TRACE_CHARS:]}".rstrip() if frames else ""
 
 
 def step_payload(step: Step) -> list:

@@ -129,6 +129,10 @@ class RolloutServiceConfig(Schema):
                                          "endpoint that records the token ids of an agent's calls (off by default)")
     torch_threads: int | None = Field(None, gt=0, description="CPU threads of torch in this process (null: "
                                       "torch's default, all cores); on a shared small machine 1 avoids contention")
+    failure_log: Path | None = Field(
+        None, description="a JSONL file where the worker also writes what it logs of failing environments (the "
+        "first error of each kind per environment, batches whose episodes all failed, a stop); `zerobubble up` "
+        "sets it and shows it on its console")
     backoff_max_seconds: float = Field(5.0, gt=0, description="longest pause between retries of a lost peer")
     lease_wait_seconds: float = Field(0.5, gt=0, description="pause before asking again after an empty lease")
 

@@ -66,6 +66,6 @@ def experience_group(
             trajectory.response_text = record.transcript
             trajectory.episode.CopyFrom(common_pb2.EpisodeInfo(
                 environment=record.environment, turns=record.turns, tool_calls=record.tool_calls,
-                step_rewards=record.step_rewards, ended_reason=record.ended_reason))
+                step_rewards=record.step_rewards, ended_reason=record.ended_reason, error=record.error))
         group.trajectories.append(trajectory)
     return group

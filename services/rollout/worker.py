@@ -23,6 +23,7 @@ from zerobubble.common.run_spec import RunSpec
 from zerobubble.common.version import oldest_fresh_version
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
+from zerobubble.rollout.episodes.failures import FailureWatch
 from zerobubble.rollout.episodes.play import Player
 from zerobubble.rollout.experience import experience_group
 from zerobubble.rollout.in_flight import WeightUpdatePolicy
@@ -73,6 +74,7 @@ class RolloutWorker:
         self._batches = 0
         self._scoring: queue.Queue[GeneratedBatch | None] = queue.Queue(maxsize=1)
         self.weight_updates = WeightUpdatePolicy(spec.weight_updates, engine, receiver, self._loaded)
+        self.failures = FailureWatch(config.worker_id, spec.episodes.max_failed_batches, config.failure_log)
 
     # -- control ---------------------------------------------------------------------------------
     def pause(self) -> None:
@@ -181,6 +183,8 @@ class RolloutWorker:
                                                    at_turn=self.weight_updates.at_turn)
             version = self.engine.policy_version
         seconds = time.monotonic() - started
+        # Before the batch is trained on: a worker whose environments fail every episode stops here.
+        self.failures.observe(samples)
         tokens = sum(len(s.token_ids) for group in samples for s in group)
         self.tokens_per_second = tokens / seconds if seconds > 0 else 0.0
         self.metrics.observe_batch(tokens=tokens, prompts=len(prompt_ids), seconds=seconds)

@@ -38,7 +38,7 @@ from zerobubble.trainer.figures import combine_ranks
 from zerobubble.trainer.lora import adapter_weights
 from zerobubble.trainer.metrics import TrainerMetrics
 from zerobubble.trainer.strategies.base import Strategy
-from zerobubble.trainer.tracking import Tracker
+from zerobubble.trainer.tracking import Tracker, add_counts, episode_endings
 from zerobubble.trainer.update import PolicyUpdate, sample_advantages
 from zerobubble.v1 import buffer_pb2, common_pb2
 
@@ -279,9 +279,11 @@ class TrainingLoop:
         updated = time.monotonic()
         figures.update(experience_figures(batch, self.policy_version))
         # Rank 0 records the step: every rank's share of it, and which groups it trained.
-        shares = self.strategy.gather_objects((figures, [group_name(g) for g in groups]))
-        figures = combine_ranks([share for share, _ in shares])
-        trained = [name for _, names in shares for name in names]
+        shares = self.strategy.gather_objects((figures, [group_name(g) for g in groups], episode_endings(groups)))
+        figures = combine_ranks([share for share, _, _ in shares])
+        trained = [name for _, names, _ in shares for name in names]
+        # How the step's episodes ended (counts by failure reason), over every rank's groups.
+        figures.update(add_counts([endings for _, _, endings in shares]))
         self.step += 1
         published = time.monotonic()
         if self.config.weight_sync is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from zerobubble.common.codec import decode_array
 from zerobubble.common.config import ConfigError
+from zerobubble.common.episodes import ENVIRONMENT_FAILURES
 from zerobubble.trainer.config import RolloutLogConfig, TrainerServiceConfig, WandbConfig
 from zerobubble.trainer.figures import BY_NAME
 from zerobubble.v1 import common_pb2
@@ -56,9 +57,34 @@ def episode_fields(trajectory: common_pb2.Trajectory) -> dict[str, Any]:
     if not trajectory.HasField("episode"):
         return {}
     episode = trajectory.episode
-    return {"episode": {"environment": episode.environment, "turns": episode.turns, "tool_calls": episode.tool_calls,
-                        "step_rewards": [round(r, 6) for r in episode.step_rewards],
-                        "ended_reason": episode.ended_reason}}
+    fields = {"environment": episode.environment, "turns": episode.turns, "tool_calls": episode.tool_calls,
+              "step_rewards": [round(r, 6) for r in episode.step_rewards], "ended_reason": episode.ended_reason}
+    if episode.error:
+        fields["error"] = episode.error
+    return {"episode": fields}
+
+
+def episode_endings(groups: list[common_pb2.ExperienceGroup]) -> dict[str, int]:
+    """How a step's episodes ended, as metrics.jsonl counts them: `episodes`, `episodes_failed` (ended by their
+    environment failing) and `episodes_failed_<reason>` per failure reason; {} for a step without episodes."""
+    endings: dict[str, int] = {}
+    for trajectory in (t for group in groups for t in group.trajectories if t.HasField("episode")):
+        endings["episodes"] = endings.get("episodes", 0) + 1
+        endings.setdefault("episodes_failed", 0)
+        if trajectory.episode.ended_reason in ENVIRONMENT_FAILURES:
+            key = f"episodes_failed_{trajectory.episode.ended_reason}"
+            endings["episodes_failed"] += 1
+            endings[key] = endings.get(key, 0) + 1
+    return endings
+
+
+def add_counts(shares: list[dict[str, int]]) -> dict[str, int]:
+    """The counts of data-parallel ranks' shares of one step, summed."""
+    total: dict[str, int] = {}
+    for share in shares:
+        for key, value in share.items():
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 def token_versions(trajectory: common_pb2.Trajectory, count: int) -> list[int] | None:

@@ -111,18 +111,20 @@ class VersionSpan(_message.Message):
     def __init__(self, start: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class EpisodeInfo(_message.Message):
-    __slots__ = ("environment", "turns", "tool_calls", "step_rewards", "ended_reason")
+    __slots__ = ("environment", "turns", "tool_calls", "step_rewards", "ended_reason", "error")
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     STEP_REWARDS_FIELD_NUMBER: _ClassVar[int]
     ENDED_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     environment: str
     turns: int
     tool_calls: int
     step_rewards: _containers.RepeatedScalarFieldContainer[float]
     ended_reason: str
-    def __init__(self, environment: _Optional[str] = ..., turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., step_rewards: _Optional[_Iterable[float]] = ..., ended_reason: _Optional[str] = ...) -> None: ...
+    error: str
+    def __init__(self, environment: _Optional[str] = ..., turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., step_rewards: _Optional[_Iterable[float]] = ..., ended_reason: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ExperienceGroup(_message.Message):
     __slots__ = ("prompt", "prompt_ids", "trajectories", "producer_id", "sequence", "lease_id", "producer_incarnation")

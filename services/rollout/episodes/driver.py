@@ -178,6 +178,7 @@ class EpisodeDriver:
         for episode in live:
             if episode.session.failed:
                 episode.record.ended_reason = episode.session.failed
+                episode.record.error = episode.session.error
         stepping = [e for e in live if not e.ended]
         started = time.perf_counter()
         outcomes = list(self._pool.map(self._step, stepping))
@@ -192,6 +193,7 @@ class EpisodeDriver:
         record.info = outcome.info
         if outcome.ended_reason:
             record.ended_reason = outcome.ended_reason
+            record.error = str(outcome.info.get("error", ""))
         elif outcome.done:
             record.ended_reason = DONE
         elif record.turns >= self.spec.max_turns:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from zerobubble.common.episodes import ENVIRONMENT_FAILURES
+
 DONE = "done"                 # the environment said so
 MAX_TURNS = "max_turns"
 MAX_TOKENS = "max_tokens"     # run_spec.max_new_tokens, the whole response's budget
@@ -21,6 +23,11 @@ class EpisodeRecord:
     ended_reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)   # the last step's
     transcript: str = ""      # every token of the response decoded, observations included
+    error: str = ""           # what went wrong, when an environment failure ended it
+
+    @property
+    def failed(self) -> bool:
+        return self.ended_reason in ENVIRONMENT_FAILURES
 
     def environment_reward(self, rule: str) -> float:
         """'sum' of the step rewards or the 'last' one (0 for an episode that never stepped)."""

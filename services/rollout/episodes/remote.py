@@ -35,7 +35,8 @@ class RemoteSessions:
             # The environment's reset failed (or the service stayed away): this episode only, not the batch.
             log.warning("an episode of %s could not be opened: %s (%s)", environment, exc.code().name,
                         exc.details())
-            return Opening("", None, failed=UNAVAILABLE if exc.code() in TRANSIENT else RESET_FAILED)
+            return Opening("", None, failed=UNAVAILABLE if exc.code() in TRANSIENT else RESET_FAILED,
+                           error=exc.details() or exc.code().name)
         return Opening(reply.episode_id, json.loads(reply.opening_json or "null"), json.loads(reply.tools_json or "[]"))
 
     def step(self, episode_id: str, assistant_text: str) -> StepOutcome:
@@ -46,7 +47,8 @@ class RemoteSessions:
             # episode ends here, and the batch goes on.
             log.warning("episode %s ended: the environment service answered %s (%s)", episode_id,
                         exc.code().name, exc.details())
-            return StepOutcome(None, done=True, ended_reason=UNAVAILABLE)
+            return StepOutcome(None, done=True, ended_reason=UNAVAILABLE, info={
+                "error": f"the environment service answered {exc.code().name}: {exc.details()}"})
         return StepOutcome(json.loads(reply.observation_json or "null"), reward=reply.reward, done=reply.done,
                            info=json.loads(reply.info_json or "{}"), tool_calls=reply.tool_calls,
                            ended_reason=reply.ended_reason)

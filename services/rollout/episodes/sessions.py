@@ -23,6 +23,7 @@ class Opening:
     tools: list[dict] = field(default_factory=list)   # OpenAI function schemas, for the chat template
     # Why the episode could not be opened ("" when it was): it then plays its first turn and ends there.
     failed: str = ""
+    error: str = ""                       # what went wrong, as the service said, when it failed
 
 
 @dataclass
