@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import threading
 
 MAX_EXPRESSION_CHARS = 1000
 MAX_EXPONENT = 10_000
@@ -14,6 +15,10 @@ MAX_INTEGER_BITS = 4096
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+# CPython 3.11 keeps the depth counter of ast.parse's tree building in one place for all threads: two parses that
+# interleave (a garbage collection in one lets the other run) fail with "SystemError: AST constructor recursion
+# depth mismatch" (python/cpython#106905). The service calls the calculator from many threads: one parse at a time.
+_PARSE = threading.Lock()
 
 
 class CalculatorError(ValueError):
@@ -29,7 +34,8 @@ def calculator(expression: str) -> str:
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise CalculatorError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        with _PARSE:
+            tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError:
         raise CalculatorError(f"not an arithmetic expression: {expression[:80]!r}") from None
     return repr(_evaluate(tree.body))
