@@ -38,14 +38,24 @@ def _overrides(args) -> list[str]:
     return sets
 
 
+def _service_schema(name: str):
+    """The service's config schema, from its config module alone: checking a config imports no torch."""
+    return getattr(importlib.import_module(f"zerobubble.{name}.config"), f"{name.capitalize()}ServiceConfig")
+
+
 def cmd_serve(args) -> NoReturn:
+    from zerobubble.tooling.launcher.preflight import check_service
+
+    # The config, the model folder and the data are checked before the service's code (torch, for most) loads.
+    config = load_config(_service_schema(args.service), args.config, _overrides(args))
+    check_service(args.service, config)
     module = _service_module(args.service)
-    config = load_config(module.CONFIG_SCHEMA, args.config, _overrides(args))
     follow_launcher(config.server.grace_seconds)
     host = module.build(config).start()
     # One JSON line for users and scripts; it gives the bound port when 0 was asked. `zerobubble up` reads it from a
     # file of its own, since libraries print on stdout too.
-    ready = {"service": args.service, "address": host.address, "metrics_port": host.metrics_port}
+    ready = {"service": args.service, "address": host.address, "metrics_port": host.metrics_port,
+             **getattr(host, "endpoints", {})}
     print(json.dumps(ready), flush=True)
     announce(ready)
     code = host.run_until_signal()
@@ -64,7 +74,7 @@ def cmd_config(args) -> int:
 
         print(reference(UpConfig))
     else:
-        print(reference(_service_module(args.service).CONFIG_SCHEMA))
+        print(reference(_service_schema(args.service)))
     return 0
 
 

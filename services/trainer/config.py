@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from zerobubble.common.config import ClientConfig, ConfigError, Schema, ServerConfig
 from zerobubble.trainer.algorithms.presets import AlgorithmConfig
 from zerobubble.trainer.lora_config import LoraConfig
-from zerobubble.trainer.strategies.base import StrategyConfig
+from zerobubble.trainer.strategy_config import StrategyConfig
 from zerobubble.trainer.sync_config import WeightSyncConfig
 
 

@@ -4,39 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from zerobubble.common.config import Schema
-
-
-class OptimConfig(Schema):
-    lr: float = Field(1e-6, gt=0, description="peak learning rate (reached at the end of warm-up)")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
-    eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled weight decay of the weight "
-                                "matrices (biases and norm weights never decay)")
-    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0 to lr")
-    schedule: Literal["constant", "cosine"] = Field(
-        "constant", description="after warm-up: constant lr, or one cosine decay to min_lr_ratio * lr at total_steps"
-    )
-    total_steps: int | None = Field(None, gt=0, description="optimizer steps of the whole run (cosine needs it)")
-    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine floor as a fraction of lr; held after total_steps")
-    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the global gradient norm to this; null: no clip")
-
-    @model_validator(mode="after")
-    def _cosine_has_an_end(self) -> OptimConfig:
-        if self.schedule == "cosine":
-            if self.total_steps is None:
-                raise ValueError("schedule 'cosine' needs total_steps")
-            if self.total_steps <= self.warmup_steps:
-                raise ValueError(f"total_steps ({self.total_steps}) must exceed warmup_steps ({self.warmup_steps})")
-        return self
+from zerobubble.trainer.strategy_config import OptimConfig
 
 
 def lr_factor(config: OptimConfig) -> Callable[[int], float]:

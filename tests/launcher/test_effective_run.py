@@ -14,6 +14,7 @@ from zerobubble.tooling.cli import main
 from zerobubble.tooling.configs import GENERAL, named
 from zerobubble.tooling.launcher.commands import up_config
 from zerobubble.tooling.launcher.config import UpConfig
+from zerobubble.tooling.launcher.run import SMOKE_FLAG
 
 ROW = {"messages": [{"role": "user", "content": "What is 1+1?"}], "gt_answer": "2"}
 
@@ -96,5 +97,22 @@ def test_dry_run_shows_each_setting_its_source_and_what_is_derived_and_starts_no
 def test_a_schedule_too_short_for_its_warm_up_is_refused_naming_the_field(tmp_path, capsys, no_children):
     few = tmp_path / "few.jsonl"
     few.write_text("".join(json.dumps(ROW) + "\n" for _ in range(40)))
-    assert main(["up", "-d", str(few), "--dry-run"]) == 2
-    assert "trainer.strategy.optim.warmup_steps: the run makes 2 optimizer steps (40 rows" in capsys.readouterr().err
+    assert main(["up", "-d", str(few), "--set", f"run_dir={tmp_path / 'run'}", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.strategy.optim.warmup_steps: the run makes 2 optimizer steps (40 rows x 1 epochs // 16 groups " \
+           "a step = 2 steps), no more than its 10 warm-up steps" in err, err
+
+
+def test_a_smoke_test_cut_short_by_max_steps_is_refused_naming_max_steps_and_the_flag_that_allows_it(
+        rows, tmp_path, capsys, no_children):
+    argv = ["up", "-d", str(rows), "--set", f"run_dir={tmp_path / 'run'}", "--set", "trainer.max_steps=1", "--dry-run"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    # The data alone gives 25 steps; max_steps made it 1, and the message says so with the right arithmetic.
+    assert err.startswith("zerobubble: trainer.max_steps: the run makes 1 optimizer steps (trainer.max_steps=1; "
+                          "the data alone gives 400 rows x 1 epochs // 16 groups a step = 25 steps), no more than "
+                          "its 10 warm-up steps"), err
+    assert SMOKE_FLAG in err
+    # The one flag it names makes the smoke test a run.
+    assert main([*argv, *SMOKE_FLAG.split()]) == 0
+    assert "nothing was started" in capsys.readouterr().out

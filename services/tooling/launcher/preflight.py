@@ -30,22 +30,38 @@ def preflight(config: UpConfig) -> list[Setting]:
     return derived_settings(trees.get("trainer", {}), trees.get("buffer", {}).get("run_spec", {}))
 
 
-def check_model(model: Path) -> None:
+def check_model(model: Path, field: str = "model") -> None:
     if not model.exists():
         if looks_like_hub_id(model):
-            raise ConfigError(f"model: {model}: {str(model)!r} looks like a Hugging Face hub id, and models from the "
+            raise ConfigError(f"{field}: {model}: {str(model)!r} looks like a Hugging Face hub id, and models from the "
                               f"hub need network: download it first (huggingface-cli download {model} --local-dir "
                               "DIR) and give the folder")
         shown = model if model.is_absolute() or model.parts[0] == ".." else f"./{model}"
-        raise ConfigError(f"model: no such folder {shown} (model)")
+        raise ConfigError(f"{field}: no such folder {shown} ({field})")
     if not model.is_dir():
-        raise ConfigError(f"model: {model} is a file; expected a Hugging Face model folder (with config.json)")
+        raise ConfigError(f"{field}: {model} is a file; expected a Hugging Face model folder (with config.json)")
     try:
         json.loads((model / "config.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"model: {model} has no config.json: not a Hugging Face model folder") from None
+        raise ConfigError(f"{field}: {model} has no config.json: not a Hugging Face model folder") from None
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"model: {model}/config.json cannot be read: {exc}") from None
+        raise ConfigError(f"{field}: {model}/config.json cannot be read: {exc}") from None
+
+
+def check_service(service: str, config) -> None:
+    """What `zerobubble serve` checks before the service's code loads: the model folder it starts from (a hub id is
+    left to the loader, which may find it in the local cache) and the prompts it serves."""
+    served = {"trainer": ("model", getattr(config, "model", None)),
+              "rollout": ("model.path", getattr(getattr(config, "model", None), "path", None))}
+    if service in served:
+        field, path = served[service]
+        if not looks_like_hub_id(path):
+            check_model(path, field)
+    if service == "buffer":
+        try:
+            inspect_data(config.prompts, field="prompts", default_split="train", seconds=DATA_CHECK_SECONDS)
+        except DataError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def looks_like_hub_id(model: Path) -> bool:

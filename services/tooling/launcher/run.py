@@ -202,17 +202,34 @@ def with_schedule_length(trainer: dict, train_rows, epochs: int) -> dict:
     if optim.get("schedule", "constant") == "constant" or optim.get("total_steps") is not None:
         return trainer
     batch = validated(BatchConfig, trainer.get("batch", {}), "trainer section: batch")
-    steps = train_rows() * epochs // batch.groups_per_step
-    if trainer.get("max_steps") is not None:
-        steps = min(steps, trainer["max_steps"])
+    rows = train_rows()
+    by_data = rows * epochs // batch.groups_per_step
+    max_steps = trainer.get("max_steps")
+    steps = by_data if max_steps is None else min(by_data, max_steps)
     total = max(1, steps) * batch.mini_batches
     warmup = optim.get("warmup_steps", 0)
     if total <= warmup:
-        raise ConfigError(f"trainer.strategy.optim.warmup_steps: the run makes {total} optimizer steps "
-                          f"({train_rows()} rows x {epochs} epochs // {batch.groups_per_step} groups a step), no "
-                          f"more than its {warmup} warm-up steps: lower warmup_steps or trainer.batch.groups_per_step, "
-                          f"or set trainer.strategy.optim.total_steps")
+        raise ConfigError(warm_up_refusal(total, warmup, rows, epochs, batch, max_steps))
     return merge(trainer, {"strategy": {"optim": {"total_steps": total}}})
+
+
+# What the warm-up refusal offers for a run of a few steps.
+SMOKE_FLAG = "--set trainer.strategy.optim.warmup_steps=0"
+
+
+def warm_up_refusal(total: int, warmup: int, rows: int, epochs: int, batch: BatchConfig, max_steps: int | None) -> str:
+    """Why the schedule is shorter than its warm-up, naming the setting that made it so."""
+    by_data = rows * epochs // batch.groups_per_step
+    updates = f" x {batch.mini_batches} updates a step" if batch.mini_batches > 1 else ""
+    data = f"{rows} rows x {epochs} epochs // {batch.groups_per_step} groups a step = {by_data} steps"
+    if max_steps is not None and max_steps < by_data:
+        return (f"trainer.max_steps: the run makes {total} optimizer steps (trainer.max_steps={max_steps}{updates}; "
+                f"the data alone gives {data}), no more than its {warmup} warm-up steps "
+                f"(trainer.strategy.optim.warmup_steps): for a smoke test of a few steps add {SMOKE_FLAG}; for a "
+                f"real run raise trainer.max_steps, to more than {warmup} optimizer steps")
+    return (f"trainer.strategy.optim.warmup_steps: the run makes {total} optimizer steps ({data}{updates}), no more "
+            f"than its {warmup} warm-up steps: lower warmup_steps ({SMOKE_FLAG} for none) or "
+            f"trainer.batch.groups_per_step, or set trainer.strategy.optim.total_steps")
 
 
 def _interrupt(signum, _frame):

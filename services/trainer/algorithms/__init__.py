@@ -1,39 +1,26 @@
-"""The GRPO-family math: advantages, log-probs, the policy loss, DAPO's overlong handling and named presets."""
+"""The GRPO-family math: advantages, log-probs, the policy loss, DAPO's overlong handling and named presets.
 
-from zerobubble.trainer.algorithms.advantages import (
-    compute_advantages,
-    dr_grpo_advantages,
-    grpo_advantages,
-    reinforce_pp_advantages,
-    rloo_advantages,
-)
-from zerobubble.trainer.algorithms.logprobs import TokenLogprobs, token_logprobs_and_entropy
-from zerobubble.trainer.algorithms.losses import LossStats, local_normaliser, mini_batch_normaliser, policy_loss
-from zerobubble.trainer.algorithms.overlong import (
-    default_cache_length,
-    overlong_sample_mask,
-    shape_rewards,
-    soft_overlong_penalty,
-)
-from zerobubble.trainer.algorithms.presets import PRESETS, AlgorithmConfig, algorithm_config
+Names load from their module on first use: the trainer's config imports `presets` (no torch) through this package,
+and checking a config must not import torch."""
 
-__all__ = [
-    "PRESETS",
-    "AlgorithmConfig",
-    "LossStats",
-    "TokenLogprobs",
-    "algorithm_config",
-    "compute_advantages",
-    "default_cache_length",
-    "dr_grpo_advantages",
-    "grpo_advantages",
-    "local_normaliser",
-    "mini_batch_normaliser",
-    "overlong_sample_mask",
-    "policy_loss",
-    "reinforce_pp_advantages",
-    "rloo_advantages",
-    "shape_rewards",
-    "soft_overlong_penalty",
-    "token_logprobs_and_entropy",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "advantages": ("compute_advantages", "dr_grpo_advantages", "grpo_advantages", "reinforce_pp_advantages",
+                   "rloo_advantages"),
+    "logprobs": ("TokenLogprobs", "token_logprobs_and_entropy"),
+    "losses": ("LossStats", "local_normaliser", "mini_batch_normaliser", "policy_loss"),
+    "overlong": ("default_cache_length", "overlong_sample_mask", "shape_rewards", "soft_overlong_penalty"),
+    "presets": ("PRESETS", "AlgorithmConfig", "algorithm_config"),
+}
+_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)

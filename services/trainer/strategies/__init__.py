@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zerobubble.trainer.strategies.base import ColossalAIConfig, StepResult, Strategy, StrategyConfig
+from zerobubble.trainer.strategies.base import StepResult, Strategy
+from zerobubble.trainer.strategy_config import ColossalAIConfig, StrategyConfig
 
 if TYPE_CHECKING:
     from zerobubble.trainer.lora_config import LoraConfig

@@ -13,35 +13,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from pydantic import Field
 from torch import Tensor, nn
 
-from zerobubble.common.config import Schema
 from zerobubble.trainer import checkpoints
-from zerobubble.trainer.optim import OptimConfig
+from zerobubble.trainer.strategy_config import StrategyConfig
 
 T = TypeVar("T")
-
-
-class ColossalAIConfig(Schema):
-    tp_size: int = Field(1, ge=1, description="tensor-parallel degree (GPU hosts)")
-    pp_size: int = Field(1, ge=1, description="pipeline-parallel degree; only 1 fits the forward/backward API")
-    zero_stage: Literal[0, 1, 2] = Field(0, description="ZeRO stage of the data-parallel optimizer (GPU hosts)")
-
-
-class StrategyConfig(Schema):
-    name: Literal["fsdp", "colossalai"] = Field("fsdp", description="training back end")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda:LOCAL_RANK when CUDA is there")
-    dtype: Literal["auto", "bf16", "fp32"] = Field(
-        "auto", description="compute dtype; weights and optimizer state stay fp32. auto: bf16 on CUDA with bf16"
-    )
-    optim: OptimConfig = OptimConfig()
-    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
-    colossalai: ColossalAIConfig = ColossalAIConfig()
 
 
 @dataclass(frozen=True)
