@@ -1,6 +1,7 @@
 """`zerobubble bench transport`: push-to-pull throughput through a real buffer process on loopback, next to
-a plain loopback TCP socket moving the same bytes (the limit) and, for the 3.5 MiB group, the reference
-design's Ray actor queue moving the same bytes (transport_ray.py, in the Ray environment), all in one run.
+a plain loopback TCP socket moving the same bytes and the disk's fsynced write rate at the group's size (the limits,
+transport_limits.py) and, for the 3.5 MiB group, the reference design's Ray actor queue moving the same bytes
+(transport_ray.py, in the Ray environment), all in one run.
 
 As in deployment, the pushing side (a rollout worker) and the pulling side (a trainer rank) are
 processes of their own, and the puller commits once per training step, so the buffer's log
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +25,7 @@ import yaml
 
 from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.config import ConfigError
+from zerobubble.tooling.bench.transport_limits import disk_fsync_rates, socket_throughput
 from zerobubble.tooling.bench.transport_pusher import MIB, client_for, template
 
 # (name, trajectories, tokens per trajectory, groups at scale 1). 57,344 tokens of int32 ids and float32
@@ -37,23 +38,7 @@ CASES = [
 RAY_PYTHON = Path(".venv-ray/bin/python")
 RAY_TIMEOUT_SECONDS = 900
 COMMIT_EVERY = 64  # groups per training step
-
-SOCKET_SINK = """
-import socket, sys
-listener = socket.create_server(("127.0.0.1", 0))
-print(listener.getsockname()[1], flush=True)
-connection, _ = listener.accept()
-buffer = bytearray(4 << 20)
-total = 0
-while True:
-    n = connection.recv_into(buffer)
-    if not n:
-        break
-    total += n
-connection.sendall(str(total).encode())
-connection.close()
-"""
-
+DISK_RECORDS = 100  # fsynced records of a group's size per pass of the disk probe
 
 def buffer_config(folder: Path, prompts: int, fsync: str, max_bytes: int | None = None) -> Path:
     """A buffer config in `folder`: `prompts` prompts, room for as many groups (and `max_bytes`), its log in
@@ -162,26 +147,6 @@ def ray_queue(python: Path, shape: tuple[int, int], count: int) -> dict[str, Any
             "seconds": round(report["seconds"], 3), "items_per_s": round(report["items"] / report["seconds"], 1)}
 
 
-def socket_throughput(total_bytes: int, chunk_bytes: int) -> float:
-    """Bytes per second through a plain loopback TCP connection to another process, in chunks."""
-    sink = subprocess.Popen([sys.executable, "-c", SOCKET_SINK], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(sink.stdout.readline())
-        chunk = os.urandom(chunk_bytes)
-        with socket.create_connection(("127.0.0.1", port)) as connection:
-            started = time.perf_counter()
-            for _ in range(total_bytes // chunk_bytes):
-                connection.sendall(chunk)
-            connection.shutdown(socket.SHUT_WR)
-            received = int(connection.recv(64))
-            elapsed = time.perf_counter() - started
-    finally:
-        sink.wait(30)
-    if received != total_bytes // chunk_bytes * chunk_bytes:
-        raise RuntimeError(f"the socket sink received {received} bytes")
-    return received / elapsed
-
-
 def _through_buffer(folder: Path, shape: tuple[int, int], count: int, fsync: str,
                     commit_every: int) -> tuple[float, int]:
     """Seconds for `count` groups through a fresh buffer process with its log in `folder`, and the commits made."""
@@ -205,12 +170,17 @@ def _round(folder: Path, shape: tuple[int, int], count: int, size: int, fsync: s
     if ray_python is not None and not ray:
         ray = ray_queue(ray_python, shape, count)
     limit = socket_throughput(count * size, size)
+    disk = disk_fsync_rates(folder, size, min(count, DISK_RECORDS))
+    groups_per_s = count / seconds
     figures.update(
         seconds=round(seconds, 3),
-        groups_per_s=round(count / seconds, 1),
+        groups_per_s=round(groups_per_s, 1),
         mb_per_s=round(count * size / seconds / 1e6, 1),
         socket_mb_per_s=round(limit / 1e6, 1),
+        socket_groups_per_s=round(limit / size, 1),
         ratio_to_socket=round(count * size / seconds / limit, 3),
+        disk_fsync_groups_per_s={name: round(rate, 1) for name, rate in disk.items()},
+        ratio_to_disk_fsync={name: round(groups_per_s / rate, 3) for name, rate in disk.items()},
     )
     if ray_python is not None:
         figures["ray_queue"] = ray
@@ -221,16 +191,18 @@ def _round(folder: Path, shape: tuple[int, int], count: int, size: int, fsync: s
 
 def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Path | None = None,
                     commit_every: int = COMMIT_EVERY, ray_python: Path = RAY_PYTHON,
-                    rounds: int = 1) -> dict[str, Any]:
-    """Measure every case of CASES with `scale` times its group count, the puller committing every
-    `commit_every` groups, against a loopback socket and (for groups over a MiB) the reference's Ray queue
-    moving as many items of the same bytes, `rounds` times in turn; the figures of each round, and their
-    medians, as a JSON-able dict. On a machine shared with other work the load moves between rounds, and
-    a ratio is only read within one."""
+                    rounds: int = 1, cases: list[str] | None = None) -> dict[str, Any]:
+    """Measure every case of CASES (or those named in `cases`) with `scale` times its group count, the puller
+    committing every `commit_every` groups, against a loopback socket, the disk's fsynced rate and (for groups
+    over a MiB) the reference's Ray queue moving as many items of the same bytes, `rounds` times in turn; the
+    figures of each round, and their medians, as a JSON-able dict. On a machine shared with other work the load
+    moves between rounds, and a ratio is only read within one."""
     results: dict[str, Any] = {"benchmark": "transport", "fsync": fsync, "commit_every": commit_every,
                                "rounds": rounds, "cases": []}
     with tempfile.TemporaryDirectory(dir=workdir, prefix="zerobubble-bench-") as scratch:
         for index, (name, trajectories, tokens, groups_at_scale_1) in enumerate(CASES):
+            if cases is not None and name not in cases:
+                continue
             count = max(10, int(groups_at_scale_1 * scale))
             size = template(trajectories, tokens).ByteSize()
             per_round = [
@@ -240,9 +212,13 @@ def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Pat
                 for i in range(rounds)
             ]
             case = {"case": name, "group_bytes": size, "groups": count, "commits": per_round[0]["commits"]}
-            for key in ("groups_per_s", "mb_per_s", "socket_mb_per_s", "ratio_to_socket", "ratio_to_ray_queue"):
+            for key in ("groups_per_s", "mb_per_s", "socket_mb_per_s", "socket_groups_per_s", "ratio_to_socket",
+                        "ratio_to_ray_queue"):
                 if all(key in figures for figures in per_round):
                     case[key] = statistics.median(figures[key] for figures in per_round)
+            for key in ("disk_fsync_groups_per_s", "ratio_to_disk_fsync"):
+                case[key] = {name: statistics.median(figures[key][name] for figures in per_round)
+                             for name in per_round[0][key]}
             if size > MIB:
                 case["ray_queue"] = per_round[-1]["ray_queue"]
             case["rounds"] = per_round
@@ -252,7 +228,7 @@ def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Pat
 
 def register_bench(benches) -> None:
     parser = benches.add_parser("transport", help="buffer push-to-pull throughput vs the reference's Ray actor "
-                                "queue and a loopback TCP socket")
+                                "queue, a loopback TCP socket and the disk's fsynced write rate")
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the default group counts")
     parser.add_argument("--fsync", default="interval", choices=["always", "interval", "never"],
                         help="the buffer's write-ahead-log fsync policy")
@@ -262,6 +238,8 @@ def register_bench(benches) -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure each case and its baselines this many times in turn; medians are reported "
                         "beside every round's figures and load average")
+    parser.add_argument("--case", action="append", choices=[name for name, *_ in CASES], dest="cases",
+                        help="measure this case only (repeatable; default: every case)")
     parser.add_argument("--ray-python", type=Path, default=RAY_PYTHON,
                         help="the Ray environment's interpreter (`make ray-env`); where absent the Ray queue is "
                         "skipped, saying so")
@@ -276,5 +254,5 @@ def _measure(args) -> dict:
     if args.rounds < 1:
         raise ConfigError(f"--rounds: must be at least 1, got {args.rounds}")
     return bench_transport(scale=args.scale, fsync=args.fsync, workdir=args.workdir, commit_every=args.commit_every,
-                           ray_python=args.ray_python, rounds=args.rounds)
+                           ray_python=args.ray_python, rounds=args.rounds, cases=args.cases)
 
