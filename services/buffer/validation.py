@@ -46,14 +46,6 @@ def _logprobs_problem(logprobs: np.ndarray) -> str:
     return ""
 
 
-def _check_all(arrays: list[np.ndarray], name: str, problem) -> None:
-    """One check over the arrays of every trajectory at once (most groups pass, and numpy's cost is per
-    call); on a failure, the first trajectory at fault is named."""
-    if problem(np.concatenate(arrays)):
-        index, found = next((i, problem(a)) for i, a in enumerate(arrays) if problem(a))
-        raise InvalidInput(found, field=f"trajectories[{index}].{name}")
-
-
 def _check_loss_mask(array: common_pb2.Array, tokens: int, where: str) -> None:
     """A multi-turn response's mask: one 0/1 per token, and at least one token the model sampled (a response
     with none would train on nothing, and divide by its zero model tokens)."""
@@ -61,9 +53,10 @@ def _check_loss_mask(array: common_pb2.Array, tokens: int, where: str) -> None:
     mask = decode_array(array, field, dtype="uint8", ndim=1)
     if len(mask) != tokens:
         raise InvalidInput(f"{len(mask)} mask values for {tokens} tokens", field=field)
-    if mask.max() > 1:
-        raise InvalidInput(f"values must be 0 or 1, got {int(mask.max())}", field=field)
-    if not mask.any():
+    highest = mask.max()  # one pass: above 1 is no mask value, 0 means no token is the model's
+    if highest > 1:
+        raise InvalidInput(f"values must be 0 or 1, got {int(highest)}", field=field)
+    if highest == 0:
         raise InvalidInput("no token is the model's (every value is 0)", field=field)
 
 
@@ -93,7 +86,6 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
         raise InvalidInput(f"expected {spec.num_generations} trajectories (run_spec.num_generations), got {count}",
                            field="trajectories")
     newest = policy_version + limits.max_version_ahead
-    responses, logprobs = [], []
     for i, trajectory in enumerate(group.trajectories):
         where = f"trajectories[{i}]"
         tokens = decode_array(trajectory.response_ids, f"{where}.response_ids", dtype="int32", ndim=1)
@@ -119,7 +111,8 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
         if trajectory.HasField("loss_mask"):
             _check_loss_mask(trajectory.loss_mask, len(tokens), where)
         check_spans(trajectory.version_spans, len(tokens), trajectory.policy_version, newest, where)
-        responses.append(tokens)
-        logprobs.append(behaviour)
-    _check_all(responses, "response_ids", lambda ids: _ids_problem(ids, spec.model.vocab_size))
-    _check_all(logprobs, "behaviour_logprobs", _logprobs_problem)
+        # Each array in place, where it lies: gathering them into one first copied every byte of the group.
+        if problem := _ids_problem(tokens, spec.model.vocab_size):
+            raise InvalidInput(problem, field=f"{where}.response_ids")
+        if problem := _logprobs_problem(behaviour):
+            raise InvalidInput(problem, field=f"{where}.behaviour_logprobs")
