@@ -90,6 +90,14 @@ class RolloutHost(ServiceHost):
         if self.worker.error is not None:
             self.exit(1, f"the worker loop failed: {self.worker.error!r}")
 
+    @property
+    def endpoints(self) -> dict[str, str]:
+        """What else of this service users reach, for its address line: the OpenAI endpoint's URL, when it has one."""
+        if self.openai is None:
+            return {}
+        host = self.openai.config.listen.rsplit(":", 1)[0]
+        return {"openai_url": f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{self.openai.port}/v1"}
+
     def start(self) -> RolloutHost:
         super().start()
         if self.receiver is not None:

@@ -1,12 +1,19 @@
 """`up`'s progress when output is not a terminal (a log file, CI, tee): each new step shows, the last one always,
-and a resumed run's rate counts only the steps made since it resumed."""
+and a resumed run's rate counts only the steps made since it resumed; environments failing show on the console."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from zerobubble.rollout.engine import Sample
+from zerobubble.rollout.episodes.failures import EnvironmentsFailing, FailureWatch
+from zerobubble.rollout.episodes.record import EpisodeRecord
 from zerobubble.rollout.evaluation import write_progress
+from zerobubble.tooling.launcher.failures import FAILURE_LOG, EnvironmentsFailed, FailureFollower
 from zerobubble.tooling.launcher.progress import ProgressLine
 
 
@@ -86,3 +93,52 @@ def test_the_evaluation_size_is_read_from_the_first_workers_config(tmp_path):
     write_yaml(tmp_path / "configs" / "rollout-0.yaml", {"model": {"path": str(tmp_path)}, "eval": periodic})
     assert run.evaluation_size(at_start=True) is None
     assert run.evaluation_size(at_start=False) == "5 prompts x 2 samples"
+
+
+def test_a_step_whose_episodes_all_failed_is_a_warning_and_the_line_counts_failures_by_reason(tmp_path, capsys):
+    metrics = tmp_path / "trainer" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    progress = ProgressLine(tmp_path, interval=0)
+    progress.start()
+    with open(metrics, "a") as f:
+        f.write(json.dumps({"step": 1, "policy_version": 1, "samples": 8, "episodes": 8, "episodes_failed": 3,
+                            "episodes_failed_timeout": 3}) + "\n")
+    progress.refresh()
+    out = capsys.readouterr().out
+    assert "env failures 3/8 (timeout 3)" in out and "WARNING" not in out
+    with open(metrics, "a") as f:
+        f.write(json.dumps({"step": 2, "policy_version": 2, "samples": 8, "episodes": 8, "episodes_failed": 8,
+                            "episodes_failed_error": 6, "episodes_failed_bad_reply": 2}) + "\n")
+    progress.refresh()
+    out = capsys.readouterr().out
+    assert "WARNING: step 2 trained on nothing: all 8 of its episodes ended with their environment failing " \
+           "(error 6, bad_reply 2)" in out
+    assert "env failures 8/8 (error 6, bad_reply 2)" in out
+
+
+def failed(environment: str, reason: str, error: str) -> Sample:
+    return Sample(token_ids=np.zeros(1, dtype=np.int32), logprobs=np.zeros(1, dtype=np.float32), finish_reason="stop",
+                  text="", episode=EpisodeRecord(environment, turns=1, ended_reason=reason, error=error))
+
+
+def test_the_console_shows_each_first_error_and_a_workers_stop_ends_the_run_naming_it(tmp_path):
+    said = []
+    follower = FailureFollower(tmp_path / FAILURE_LOG, said.append)
+    follower.poll()   # nothing yet
+    watch = FailureWatch("rollout-0", 2, tmp_path / FAILURE_LOG)
+    batch = [[failed("broken", "error", "step raised KeyError: 'x'\nTraceback (innermost frames):\n  File "
+                     "\"broken_env.py\", line 7, in step"), failed("broken", "timeout", "no answer within 5 s")]]
+    watch.observe(batch)
+    follower.poll()
+    assert len(said) == 2 and "rollout-0: environment 'broken' ended an episode with error" in said[0]
+    assert "broken_env.py\", line 7" in said[0] and "no answer within 5 s" in said[1]
+    with pytest.raises(EnvironmentsFailing):
+        watch.observe(batch)
+    with pytest.raises(EnvironmentsFailed) as stopped:
+        follower.poll()
+    assert "rollout-0 stopped the run: environment 'broken' failed every episode for 2 batches" in str(stopped.value)
+    assert "step raised KeyError" in str(stopped.value) and len(said) == 2
+    # A resumed run does not show again what the last one showed.
+    again = []
+    FailureFollower(tmp_path / FAILURE_LOG, again.append).poll()
+    assert again == []

@@ -35,7 +35,30 @@ def describe(row: dict | None, elapsed: float, samples: float, waiting: str = ""
         return f"[{elapsed:6.0f}s] waiting for the first training step{waiting}"
     return (f"[{elapsed:6.0f}s] step {row['step']}  reward {row.get('reward_mean', 0):.3f}  "
             f"accuracy {row.get('answer_accuracy', 0):.3f}  policy v{row['policy_version']}  "
-            f"staleness {row.get('staleness_mean', 0):.2f}  {samples / elapsed if elapsed else 0:.1f} samples/s")
+            f"staleness {row.get('staleness_mean', 0):.2f}  {samples / elapsed if elapsed else 0:.1f} samples/s"
+            f"{episode_failures(row)}")
+
+
+def failure_reasons(row: dict) -> str:
+    """"error 6, timeout 2": a metrics row's failed episodes by reason."""
+    prefix = "episodes_failed_"
+    return ", ".join(f"{key[len(prefix):]} {value}" for key, value in row.items()
+                     if key.startswith(prefix) and value)
+
+
+def episode_failures(row: dict) -> str:
+    """"  env failures 8/8 (error 8)" when episodes of the step ended with their environment failing."""
+    if not row.get("episodes_failed"):
+        return ""
+    return f"  env failures {row['episodes_failed']}/{row.get('episodes', 0)} ({failure_reasons(row)})"
+
+
+def all_failed_warning(row: dict) -> str | None:
+    """The loud line for a step every episode of which failed in its environment, else None."""
+    if not row.get("episodes") or row.get("episodes_failed") != row["episodes"]:
+        return None
+    return (f"WARNING: step {row['step']} trained on nothing: all {row['episodes']} of its episodes ended with their "
+            f"environment failing ({failure_reasons(row)}); see the errors above and logs/rollout-*.log")
 
 
 def evaluation_progress(path: Path) -> str:
@@ -78,11 +101,20 @@ class ProgressLine:
             self.live = Live(Text(""), console=Console(), refresh_per_second=2, transient=False)
             self.live.start()
 
+    def say(self, text: str) -> None:
+        """A line of its own, above the progress line on a terminal."""
+        if self.live is not None:
+            self.live.console.print(Text(text))
+        else:
+            print(text, flush=True)
+
     def refresh(self, *, final: bool = False) -> None:
         row = last_row(self.metrics)
         if row is not None and row["step"] > self.seen_step:
             self.samples += row.get("samples", 0) * (row["step"] - self.seen_step)
             self.seen_step = row["step"]
+            if (warning := all_failed_warning(row)) is not None:
+                self.say(warning)
         line = describe(row, time.monotonic() - self.started, self.samples, self.waiting() if row is None else "")
         if self.live is not None:
             self.live.update(Text(line))

@@ -27,8 +27,10 @@ from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
 from zerobubble.tooling.launcher.config import UpConfig, merge, validated, write_yaml
+from zerobubble.tooling.launcher.failures import FAILURE_LOG, EnvironmentsFailed, FailureFollower
 from zerobubble.tooling.launcher.processes import ServiceFailed, ServiceProcess
 from zerobubble.tooling.launcher.progress import ProgressLine, last_row
+from zerobubble.tooling.launcher.ready import read_announcement
 from zerobubble.tooling.launcher.run_folder import SUMMARY_FILE
 from zerobubble.tooling.launcher.run_folder import clear as clear_run_folder
 from zerobubble.tooling.launcher.supervisor import Supervisor
@@ -41,6 +43,9 @@ LOOPBACK = "127.0.0.1:0"
 # the services (processes started by this one) read from the environment.
 TOKEN = {"auth_token_env": TOKEN_ENV}
 SERVER = {"listen": LOOPBACK, **TOKEN}
+# The run's token when `up` made it: for the user's own calls (an agent on the OpenAI endpoint, grpcurl), readable
+# by its owner only. A token the user gave in $ZEROBUBBLE_AUTH_TOKEN is theirs and written nowhere.
+TOKEN_FILE = "auth-token"
 
 
 class Interrupted(Exception):
@@ -74,8 +79,8 @@ class Run:
 
     def launch(self, assets: RunAssets) -> ServiceProcess:
         """Start every service in order; returns the trainer. The run's token is $ZEROBUBBLE_AUTH_TOKEN when set
-        (so other tools can call the services), else a new random one."""
-        os.environ.setdefault(TOKEN_ENV, secrets.token_urlsafe(32))
+        (so other tools can call the services), else a new random one, written to TOKEN_FILE."""
+        self.issue_token()
         config, pipeline = self.config, self.config.pipeline
         reward = self.start("reward", "reward", RewardServiceConfig, merge(
             {"server": SERVER, "math": {"workers": 1}}, config.reward))
@@ -122,6 +127,7 @@ class Run:
                 "generation": {"seed": 1000 * i},
                 "buffer": {"address": buffer.address, **TOKEN}, "reward_service": {"address": reward.address, **TOKEN},
                 "trainer": {"address": trainer.address, **TOKEN}, "torch_threads": pipeline.torch_threads,
+                "failure_log": self.run_dir / FAILURE_LOG,
             }
             if environment is not None:
                 tree["environment"] = {"address": environment.address, **TOKEN}
@@ -131,6 +137,11 @@ class Run:
                                 "output_dir": self.run_dir / "eval", "at_start": not self.resume}
             self.start(f"rollout-{i}", "rollout", RolloutServiceConfig, merge(tree, config.rollout))
         return trainer
+
+    def issue_token(self) -> None:
+        if not os.environ.get(TOKEN_ENV):
+            os.environ[TOKEN_ENV] = secrets.token_urlsafe(32)
+            write_token(self.run_dir / TOKEN_FILE, os.environ[TOKEN_ENV])
 
     def train_rows(self, assets: RunAssets) -> int:
         """Rows of the training set, read as the buffer reads them (only asked for when the schedule's length must
@@ -166,14 +177,39 @@ class Run:
 
     def watch(self, trainer: ServiceProcess, progress: ProgressLine, until: Callable[[], bool] | None = None) -> bool:
         """Until the trainer finishes, or `until()` is true first (then False), restarting what dies; raises
-        ServiceFailed when a service dies with its restarts used up."""
+        ServiceFailed when a service dies with its restarts used up, EnvironmentsFailed when a worker stopped the
+        run because its environments fail every episode."""
         supervisor = Supervisor(self.services, trainer, self.config.restarts, self.config.startup_timeout_seconds)
-        while not supervisor.check():
+        failures = FailureFollower(self.run_dir / FAILURE_LOG, progress.say)
+        while True:
+            failures.poll()
+            try:
+                if supervisor.check():
+                    return True
+            except ServiceFailed:
+                failures.poll()   # a worker that stopped the run says why better than its exit code
+                raise
             if until is not None and until():
                 return False
             progress.refresh()
             time.sleep(0.5)
-        return True
+
+    def endpoints(self) -> list[str]:
+        """What a user reaches of the run, for the console: the OpenAI endpoints, the run's token, the viewer."""
+        lines = []
+        for process in self.services:
+            ready = read_announcement(process.ready_path) if process.ready_path.exists() else None
+            if ready and ready.get("openai_url"):
+                lines.append(f"OpenAI endpoint of {process.name}: {ready['openai_url']} (base_url for the openai SDK)")
+        token_file = self.run_dir / TOKEN_FILE
+        if token_file.exists():
+            lines.append(f"the run's token (every service and endpoint asks for it as 'Authorization: Bearer "
+                         f"TOKEN'): {token_file}")
+        else:
+            lines.append(f"the run's token (every service and endpoint asks for it as 'Authorization: Bearer "
+                         f"TOKEN'): ${TOKEN_ENV}, as you set it")
+        lines.append(f"watch the run: zerobubble view {self.run_dir}")
+        return lines
 
     def stop_all(self) -> None:
         """Every service in reverse order, then the run folder is free."""
@@ -182,6 +218,15 @@ class Run:
         if self.tether is not None:
             self.tether.release()
             self.tether = None
+
+
+def write_token(path: Path, token: str) -> None:
+    """`token` in a file only its owner reads, made so before the token is in it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(token + "\n")
 
 
 def build_run_spec(config: UpConfig, model: Path) -> RunSpec:
@@ -254,6 +299,8 @@ def up(config: UpConfig, *, resume: bool = False, overwrite: bool = False, cache
     try:
         assets = prepare_assets(config, cache or config.run_dir.parent / ".assets")
         trainer = run.launch(assets)
+        for line in run.endpoints():
+            print(line, flush=True)
         progress.evaluation = run.evaluation_size(at_start=True)
         progress.start()
         run.watch(trainer, progress)
@@ -267,7 +314,7 @@ def up(config: UpConfig, *, resume: bool = False, overwrite: bool = False, cache
               f"--resume {config.run_dir} goes on)", flush=True)
         run.stop_all()
         return 130
-    except (ServiceFailed, ConfigError) as exc:
+    except (ServiceFailed, ConfigError, EnvironmentsFailed) as exc:
         progress.close()
         print(f"zerobubble up: {exc}", flush=True)
         run.stop_all()
