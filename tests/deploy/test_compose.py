@@ -1,6 +1,7 @@
-"""deploy/docker-compose.yml and its override files (GPUs, one GPU, CPU): valid for docker-compose, with every
-service, health checks and volumes; the bearer token as a docker secret, ports published on this host's loopback
-only, no anonymous Grafana, and a reward service that is not privileged.
+"""deploy/docker-compose.yml and its override files (GPUs, one GPU, CPU, the tool demo): valid for docker-compose,
+with every service, health checks and volumes; the bearer token as a docker secret, ports published on this host's
+loopback only, no anonymous Grafana, reward and environment services that are not privileged, and the environment
+service bounded and waited for by the workers.
 
 Debian's `docker-compose` validates the files without a Docker engine (CI installs it with `apt-get install -y
 --no-install-recommends docker-compose`); tests/compose runs the CPU stack on one.
@@ -25,9 +26,12 @@ from zerobubble.common.server import ServiceHost
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
 OVERRIDES = {name: COMPOSE_FILE.parent / f"compose.{name}.yml" for name in ("gpus", "gpu", "cpu")}
-SERVICES = {"reward", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus", "grafana"}
+TOOL_DEMO = COMPOSE_FILE.parent / "compose.tool-demo.yml"  # after compose.cpu.yml
+SERVICES = {"reward", "environment", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus", "grafana"}
 GPU_SERVICES = {"trainer", "rollout-1", "rollout-2"}
-GRPC_PORTS = {"reward": 50052, "buffer": 50053, "rollout-1": 50054, "rollout-2": 50054, "trainer": 50055}
+GRPC_PORTS = {"reward": 50052, "environment": 50056, "buffer": 50053, "rollout-1": 50054, "rollout-2": 50054,
+              "trainer": 50055}
+SANDBOXED = ("reward", "environment")  # the code sandbox: the code verifier, the python tool
 
 needs_docker_compose = pytest.mark.skipif(
     shutil.which("docker-compose") is None,
@@ -64,6 +68,12 @@ def test_docker_compose_accepts_the_file():
 @pytest.mark.parametrize("node", sorted(OVERRIDES))
 def test_docker_compose_accepts_the_file_with_each_override(node):
     result = docker_compose_config(COMPOSE_FILE, None, OVERRIDES[node])
+    assert result.returncode == 0, result.stderr
+
+
+@needs_docker_compose
+def test_docker_compose_accepts_the_tool_demo_after_the_cpu_override():
+    result = docker_compose_config(COMPOSE_FILE, None, OVERRIDES["cpu"], TOOL_DEMO)
     assert result.returncode == 0, result.stderr
 
 
@@ -138,20 +148,33 @@ def test_cpu_override_makes_its_assets_first_and_mounts_existing_cpu_configs(ove
         assert services[name]["depends_on"]["assets"]["condition"] == "service_completed_successfully"
 
 
-def test_reward_service_is_not_privileged_and_has_only_the_capability_bubblewrap_needs(compose):
-    reward = compose["services"]["reward"]
-    assert "privileged" not in reward
-    assert reward["cap_add"] == ["SYS_ADMIN", "NET_ADMIN"]
-    # A seccomp profile of its own (docker's default refuses pivot_root) rather than none, and it exists.
-    (seccomp,) = [opt.split("=", 1)[1] for opt in reward["security_opt"] if opt.startswith("seccomp=")]
-    profile = json.loads((COMPOSE_FILE.parent / seccomp).read_text())
-    assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and profile["syscalls"]
-    # Only a memory cgroup of the sandbox's own is writable, never the host's whole hierarchy.
-    (cgroup,) = [m for m in reward["volumes"] if m.endswith(":rw")]
-    assert re.fullmatch(r"\$\{ZB_SANDBOX_CGROUP:-/sys/fs/cgroup/memory/zerobubble-sandbox\}:.*", cgroup), cgroup
+def test_sandboxed_services_are_not_privileged_and_have_only_what_bubblewrap_needs(compose):
+    cgroups = set()
+    for name in SANDBOXED:
+        service = compose["services"][name]
+        assert "privileged" not in service, name
+        assert service["cap_add"] == ["SYS_ADMIN", "NET_ADMIN"], name
+        # A seccomp profile of its own (docker's default refuses pivot_root) rather than none, and it exists.
+        (seccomp,) = [opt.split("=", 1)[1] for opt in service["security_opt"] if opt.startswith("seccomp=")]
+        profile = json.loads((COMPOSE_FILE.parent / seccomp).read_text())
+        assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and profile["syscalls"], name
+        # Only a memory cgroup of the sandbox's own is writable, never the host's whole hierarchy.
+        (cgroup,) = [m for m in service["volumes"] if m.endswith(":rw")]
+        assert re.fullmatch(r"\$\{ZB_[A-Z_]*SANDBOX_CGROUP:-/sys/fs/cgroup/memory/zerobubble-[a-z-]*sandbox\}:.*",
+                            cgroup), cgroup
+        cgroups.add(cgroup.split(":-")[1].split("}")[0])
+    # Each its own: both services are pid 1 in their containers, and the sandbox names its cgroups by pid.
+    assert len(cgroups) == len(SANDBOXED), cgroups
     for name, service in compose["services"].items():
         assert not service.get("privileged"), name
-        assert name == "reward" or "cap_add" not in service, name
+        assert name in SANDBOXED or "cap_add" not in service, name
+
+
+def test_the_environment_service_is_bounded_and_unpublished(compose):
+    environment = compose["services"]["environment"]
+    assert re.fullmatch(r"\$\{ZB_ENVIRONMENT_MEMORY:-\d+g\}", environment["mem_limit"])
+    assert re.fullmatch(r"\$\{ZB_ENVIRONMENT_PIDS:-\d+\}", str(environment["pids_limit"]))
+    assert "ports" not in environment, "only the rollout workers call it, on the compose network"
 
 
 def test_every_service_has_a_health_check(compose):
@@ -172,8 +195,8 @@ def test_run_folder_is_a_named_volume(compose):
 def test_workers_wait_for_healthy_dependencies(compose):
     for name in ("rollout-1", "rollout-2"):
         depends = compose["services"][name]["depends_on"]
-        assert depends["buffer"]["condition"] == "service_healthy"
-        assert depends["reward"]["condition"] == "service_healthy"
+        for peer in ("buffer", "reward", "environment"):
+            assert depends[peer]["condition"] == "service_healthy", (name, peer)
     assert compose["services"]["trainer"]["depends_on"]["buffer"]["condition"] == "service_healthy"
 
 

@@ -12,15 +12,17 @@ from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.config import ClientConfig, ConfigError, TLSConfig, load_config
 from zerobubble.common.run_spec import require_agreement
 from zerobubble.common.server import ServiceHost
+from zerobubble.environment.config import EnvironmentServiceConfig
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.trainer.config import TrainerServiceConfig
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SCHEMAS = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "rollout": RolloutServiceConfig,
-           "trainer": TrainerServiceConfig}
+           "trainer": TrainerServiceConfig, "environment": EnvironmentServiceConfig}
 HOST_FILES = sorted((DEPLOY / "hosts").glob("*.yaml"))
-COMPOSE_FILES = sorted([*(DEPLOY / "compose").glob("*.yaml"), *(DEPLOY / "compose" / "cpu").glob("*.yaml")])
+COMPOSE_FILES = sorted([*(DEPLOY / "compose").glob("*.yaml"), *(DEPLOY / "compose" / "cpu").glob("*.yaml"),
+                        *(DEPLOY / "compose" / "tool-demo").glob("*.yaml")])
 CONFIG_FILES = [*HOST_FILES, *COMPOSE_FILES]
 WILDCARDS = ("0.0.0.0", "::", "[::]")
 
@@ -43,7 +45,7 @@ def host(address: str) -> str:
 
 
 def clients(config) -> dict[str, ClientConfig]:
-    sections = {name: getattr(config, name, None) for name in ("buffer", "reward_service", "trainer")}
+    sections = {name: getattr(config, name, None) for name in ("buffer", "reward_service", "trainer", "environment")}
     return {name: section for name, section in sections.items() if isinstance(section, ClientConfig)}
 
 
@@ -76,7 +78,7 @@ def test_separate_hosts_listen_on_their_own_address_and_speak_tls():
     configs = {service_of(p): load(p) for p in HOST_FILES}
     rollout = configs["rollout"]
     reached_at = {"buffer": host(rollout.buffer.address), "reward": host(rollout.reward_service.address),
-                  "trainer": host(rollout.trainer.address)}
+                  "trainer": host(rollout.trainer.address), "environment": host(rollout.environment.address)}
     for service, config in configs.items():
         listen = host(config.server.listen)
         assert listen not in WILDCARDS, f"{service}: listens on every interface"
@@ -108,6 +110,7 @@ def test_clients_point_at_the_ports_services_listen_on(folder):
         assert port(rollout.buffer.address) == listen["buffer"]
         assert port(rollout.reward_service.address) == listen["reward"]
         assert port(rollout.trainer.address) == listen["trainer"]
+        assert port(rollout.environment.address) == listen["environment"]
         # The run's facts are the buffer's run spec alone: a worker states none of them.
         assert {field: value for field, (_, value) in rollout.expectations().items() if value is not None} == {}
     assert len({r.worker_id for r in rollouts}) == len(rollouts)
@@ -125,3 +128,40 @@ def test_compose_configs_name_compose_services():
     # Listening everywhere, the trainer advertises its host name; compose makes that name resolvable.
     assert trainer.weight_sync.store_host == "0.0.0.0"
     assert compose["trainer"]["hostname"] == "trainer"
+
+
+def test_the_compose_tool_demo_is_the_shipped_tool_demo():
+    """compose/tool-demo/ holds what `zerobubble up --config tool-demo` writes for each service, as far as the run
+    goes: the run spec (episodes included), the environments, the trainer's algorithm, optimizer and batch, the
+    worker's generation and system prompt. Only addresses, paths and the device differ."""
+    from zerobubble.common.config import load_config as load_up
+    from zerobubble.tooling.configs import named
+    from zerobubble.tooling.launcher.config import UpConfig
+    from zerobubble.tooling.launcher.preflight import check_services
+
+    trees = check_services(load_up(UpConfig, named(Path("tool-demo"))))
+    folder = DEPLOY / "compose" / "tool-demo"
+    compose = {path.stem: load(path) for path in folder.glob("*.yaml")}
+    assert set(compose) == {"environment", "buffer", "trainer", "rollout-1"}
+    up_environment = validated_as(EnvironmentServiceConfig, trees["environment"])
+    assert compose["environment"].environments == up_environment.environments
+    up_buffer = validated_as(BufferServiceConfig, trees["buffer"])
+    assert compose["buffer"].run_spec == up_buffer.run_spec
+    assert compose["buffer"].prompts.epochs == up_buffer.prompts.epochs
+    assert compose["buffer"].capacity == up_buffer.capacity
+    up_trainer = validated_as(TrainerServiceConfig, trees["trainer"])
+    for section in ("algorithm", "batch", "checkpoint"):
+        assert getattr(compose["trainer"], section) == getattr(up_trainer, section), section
+    assert compose["trainer"].strategy.optim == up_trainer.strategy.optim
+    assert compose["trainer"].tracking.rollout_log == up_trainer.tracking.rollout_log
+    up_rollout = validated_as(RolloutServiceConfig, {**trees["rollout"], "model": {"path": "/models/tool-demo"}})
+    assert compose["rollout-1"].generation.prompts_per_batch == up_rollout.generation.prompts_per_batch
+    assert compose["rollout-1"].reward == up_rollout.reward
+    assert (compose["rollout-1"].eval.interval, compose["rollout-1"].eval.samples_per_prompt) == \
+        (up_rollout.eval.interval, up_rollout.eval.samples_per_prompt)
+
+
+def validated_as(schema, tree: dict):
+    from zerobubble.tooling.launcher.config import validated
+
+    return validated(schema, tree, "up's tree")

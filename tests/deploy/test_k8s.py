@@ -45,12 +45,12 @@ def containers() -> dict[str, dict]:
 
 
 def test_every_service_runs_and_the_addresses_its_configs_call_are_services():
-    assert set(containers()) == {"reward", "buffer", "trainer", "rollout"}
+    assert set(containers()) == {"reward", "environment", "buffer", "trainer", "rollout"}
     services = {d["metadata"]["name"]: {p["port"] for p in d["spec"]["ports"]}
                 for d in documents() if d["kind"] == "Service"}
     for name, container in containers().items():
         config = yaml.safe_load((DEPLOY / "compose" / f"{name if name != 'rollout' else 'rollout-2'}.yaml").read_text())
-        for client in ("buffer", "reward_service", "trainer"):
+        for client in ("buffer", "reward_service", "trainer", "environment"):
             if isinstance(config.get(client), dict):
                 host, port = config[client]["address"].rsplit(":", 1)
                 assert int(port) in services[host], f"{name} calls {host}:{port}, which no Service serves"
@@ -60,15 +60,35 @@ def test_every_service_runs_and_the_addresses_its_configs_call_are_services():
         assert config["server"]["auth_token_file"].startswith("/run/secrets/"), name
 
 
-def test_reward_is_not_privileged_and_gpus_go_to_trainer_and_rollout():
+def test_sandboxed_pods_are_not_privileged_and_gpus_go_to_trainer_and_rollout():
     for name, container in containers().items():
         security = container.get("securityContext", {})
         assert not security.get("privileged"), name
         gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
         assert (gpus == 1) == (name in ("trainer", "rollout")), name
-    security = containers()["reward"]["securityContext"]
-    assert security["capabilities"]["add"] == ["SYS_ADMIN", "NET_ADMIN"]
-    assert security["seccompProfile"] == {"type": "Localhost", "localhostProfile": "zerobubble/reward.json"}
+    cgroups = set()
+    for name in ("reward", "environment"):
+        security = containers()[name]["securityContext"]
+        assert security["capabilities"]["add"] == ["SYS_ADMIN", "NET_ADMIN"], name
+        assert security["seccompProfile"] == {"type": "Localhost", "localhostProfile": "zerobubble/sandbox.json"}
+        (pod,) = [d for d in documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == name]
+        (cgroup,) = [v["hostPath"]["path"] for v in pod["spec"]["template"]["spec"]["volumes"] if "hostPath" in v]
+        cgroups.add(cgroup)
+    assert len(cgroups) == 2, "each sandboxed service a memory cgroup of its own"
+    assert (DEPLOY / "seccomp" / "sandbox.json").is_file()
+
+
+def test_the_environment_pod_is_bounded_and_reached_only_by_rollout_pods():
+    limits = containers()["environment"]["resources"]["limits"]
+    assert set(limits) == {"memory"}
+    (policy,) = [d for d in documents() if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "environment"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "environment"}
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    grpc = [rule for rule in policy["spec"]["ingress"] if {"port": 50056} in rule["ports"]]
+    rollout = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "rollout"}}}
+    assert [rule["from"] for rule in grpc] == [[rollout]]
+    # Egress: name lookups only, so a user's environment reaches nothing else unless a rule says so.
+    assert {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]} == {53}
 
 
 def test_each_rollout_replica_has_its_own_worker_id():

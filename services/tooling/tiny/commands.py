@@ -37,9 +37,15 @@ def cmd_make_tiny_model(args) -> int:
         "make_seconds": round(time.perf_counter() - started, 3),
     }
     if args.warm_start_task is not None:
+        shape = None
+        if args.warm_start_tool_fraction:
+            from zerobubble.tooling.tiny.tool_use import ToolCallShape
+
+            shape = ToolCallShape(args.warm_start_tool_call, args.warm_start_tool_name)
         report["warm_start"] = warm_start(out_dir, args.warm_start_task / "train.jsonl", steps=args.warm_start_steps,
                                           seed=args.seed, label_smoothing=args.warm_start_label_smoothing,
-                                          system_prompt=args.system_prompt)
+                                          system_prompt=args.system_prompt, tool_use=shape,
+                                          tool_fraction=args.warm_start_tool_fraction)
         eval_jsonl = args.warm_start_task / "eval.jsonl"
         if args.eval_samples > 0 and eval_jsonl.is_file():
             started = time.perf_counter()
@@ -85,6 +91,12 @@ def register(subparsers) -> None:
     model.add_argument("--system-prompt", default=SYSTEM_PROMPTS["boxed"],
                        help="the system prompt the rollout workers will send ('' for none; default: the reference's "
                        "for the boxed verifier, which they send unless rollout.reward.system_prompt says otherwise)")
+    # As `up`'s tiny_model.warm_start_tool_use (the tool demo): a model that sometimes calls the tool, for RL to teach.
+    model.add_argument("--warm-start-tool-fraction", type=float, default=0.0, metavar="FRACTION",
+                       help="share of warm-start examples that call a tool and box its answer (0: none)")
+    model.add_argument("--warm-start-tool-call", default="@calculator({expression})",
+                       help="how those examples write the call; {expression} is the question without its '='")
+    model.add_argument("--warm-start-tool-name", default="calculator", help="the tool whose answer they show")
     model.add_argument("--eval-samples", type=int, default=4, help="samples per eval prompt (0 skips the eval)")
     model.add_argument("--max-new-tokens", type=int, default=16, help="eval response length limit")
     model.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 keeps torch's default)")
