@@ -119,9 +119,28 @@ def sync_protocol_tables() -> str:
     return "\n".join(parts)
 
 
+SERVICES_MARKER = "<!-- services-table -->"
+
+
+def services_table() -> str:
+    """The services `zerobubble serve` starts, each with what its assembly says it holds and its contract."""
+    import importlib
+
+    from zerobubble.tooling.cli import SERVICES
+
+    rows = []
+    for name in SERVICES:
+        doc = importlib.import_module(f"zerobubble.{name}.app").__doc__ or ""
+        holds = " ".join(doc.strip().split("\n\n")[0].split())
+        rows.append((f"`{name}`", holds, f"`protos/zerobubble/v1/{name}.proto`", f"`zerobubble serve {name}`"))
+    return _table(("service", "what it assembles", "contract", "started by"), rows)
+
+
 def on_page_markdown(markdown, page, config, files):
     if PROTOCOL_MARKER in markdown:
-        return markdown.replace(PROTOCOL_MARKER, sync_protocol_tables())
+        markdown = markdown.replace(PROTOCOL_MARKER, sync_protocol_tables())
+    if SERVICES_MARKER in markdown:
+        markdown = markdown.replace(SERVICES_MARKER, services_table())
     return markdown
 
 
