@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# No test reads or writes the user's caches: Hugging Face's (load_dataset builds Arrow files there) is a folder of
+# the session's own, set before anything imports `datasets`, and the processes tests start inherit it.
+HF_HOME = tempfile.mkdtemp(prefix="zerobubble-tests-hf-")
+atexit.register(shutil.rmtree, HF_HOME, ignore_errors=True)
+os.environ["HF_HOME"] = HF_HOME
+for _variable in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"):
+    os.environ.pop(_variable, None)
 
 # The lanes, by where a test lives: `make test-fast` leaves out every test marked e2e, bench, fuzz or slow.
 # The peers' own servers and clients (MCP, OpenEnv, the openai client) start slowly: `make test` runs them.
