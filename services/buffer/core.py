@@ -33,7 +33,7 @@ from zerobubble.buffer.leases import PromptLeases
 from zerobubble.buffer.prompts import PromptFileError, PromptSource
 from zerobubble.buffer.store import ExperienceStore, ProducerDedup, StoredGroup
 from zerobubble.buffer.validation import check_group
-from zerobubble.buffer.wal import Record, WriteAheadLog
+from zerobubble.buffer.wal import Location, Record, WriteAheadLog
 from zerobubble.common.conditions import AwaitableCondition
 from zerobubble.common.errors import InvalidInput, NotYours, TemporarilyUnavailable, TooLarge
 from zerobubble.common.version import is_stale
@@ -156,14 +156,25 @@ class Buffer:
 
     # Durable state: every change goes through _log, and _apply is also the replay.
 
-    def _log(self, kind: Kind, meta: dict[str, Any], blob: bytes = b"") -> None:
+    def _log(self, kind: Kind, meta: dict[str, Any], blob: bytes = b"", *, sync: bool = True) -> Location:
+        """Write and apply one record; with `sync` False, `_sync_through` its location (the lock let go) before
+        anyone is told of it."""
         try:
-            location = self.wal.append(kind, meta, blob)
+            location = self.wal.append(kind, meta, blob, sync=sync)
         except OSError as exc:
             # A full disk: nothing was applied, and the caller may try again once there is room.
             raise TemporarilyUnavailable(f"the write-ahead log cannot be written: {exc}") from exc
         self._apply(Record(kind, meta, blob, location))
         self._release_dead_segments()
+        return location
+
+    def _sync_through(self, location: Location) -> None:
+        """Called without the lock: pushes that logged meanwhile share this fsync (fsync "always")."""
+        try:
+            self.wal.sync_through(location)
+        except OSError as exc:
+            # Written and applied, but perhaps not on disk: sent again, the group is a duplicate, stored once.
+            raise TemporarilyUnavailable(f"the write-ahead log cannot be synced: {exc}") from exc
 
     def _roll_when_due(self) -> None:
         """Start a new log segment once the active one is full. Called outside the lock: the segment's
@@ -364,15 +375,20 @@ class Buffer:
                 return PushOutcome(False, f"duplicate: prompt {prepared.prompt_id!r} of epoch {meta['epoch']} "
                                           "already has a group", buffer_pb2.NOT_STORED_PROMPT_DONE)
             if prepared.rejection:
-                self._log(Kind.FILTERED, meta)
-                return PushOutcome(False, prepared.rejection, buffer_pb2.NOT_STORED_ACCURACY)
-            if not self.has_room(prepared):
+                location = self._log(Kind.FILTERED, meta, sync=False)
+                outcome = PushOutcome(False, prepared.rejection, buffer_pb2.NOT_STORED_ACCURACY)
+            elif not self.has_room(prepared):
                 return None
-            self._log(Kind.GROUP, {**meta, "gid": self.store.next_gid, "version": prepared.version},
-                      prepared.payload)
-            self._cond.notify_all()
+            else:
+                location = self._log(Kind.GROUP, {**meta, "gid": self.store.next_gid, "version": prepared.version},
+                                     prepared.payload, sync=False)
+                outcome = PushOutcome(True)
+                self._cond.notify_all()
+        # Acknowledged only once on disk as wal.fsync promises; concurrent pushes share the fsync (group commit).
+        # A puller may take the group before that: its delivery record's own fsync covers the group's record.
+        self._sync_through(location)
         self._roll_when_due()
-        return PushOutcome(True)
+        return outcome
 
     def has_room(self, prepared: PreparedGroup) -> bool:
         """Cheap, for a waiter's predicate (the lock held)."""

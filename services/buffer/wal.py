@@ -8,7 +8,10 @@ for records of the new one. Files without the header (written before segments ro
 checksummed without a seed and still replay.
 
 Every record is handed to the kernel with one write() before `append` returns, so a killed
-process loses nothing it acknowledged; `fsync` decides what a machine crash may lose. A write that
+process loses nothing it acknowledged; `fsync` decides what a machine crash may lose. With `always`,
+an append may leave its fsync to `sync_through`, called once the caller has let go of its own lock:
+appends made meanwhile by other threads are covered by the same fsync (group commit), so concurrent
+writers share the disk's flushes instead of queueing one flush each. A write that
 fails (a full disk) leaves nothing behind: the file is cut back to its last whole record, and the log
 takes the next record as if the failed one had never been tried. The active
 segment's file grows in steps ahead of its records; the zeros after the last record mark its end
@@ -153,6 +156,9 @@ class WriteAheadLog:
         self._readers: dict[int, Any] = {}
         self._io = threading.Lock()
         self._dirty = False
+        # (segment, offset): every record that starts before it is on disk (fsync "always" only).
+        self._durable = (0, 0)
+        self._syncing = threading.Lock()  # one group-commit fsync at a time
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
         if fsync == "interval":
@@ -255,7 +261,9 @@ class WriteAheadLog:
         log.error("write-ahead log %s: %s at byte %d; skipped the last %d bytes (kept in %s)",
                   path, problem, offset, len(tail), aside)
 
-    def append(self, kind: int, meta: dict[str, Any], blob: bytes = b"") -> Location:
+    def append(self, kind: int, meta: dict[str, Any], blob: bytes = b"", *, sync: bool = True) -> Location:
+        """Write one record; with fsync "always" it is on disk on return unless `sync` is False, when the caller
+        owes a `sync_through` of the location before it tells anyone the record is durable."""
         seed = self._active.seed if self._segments else 0
         pieces = encode(kind, meta, blob, seed)
         length = sum(map(len, pieces))
@@ -274,8 +282,9 @@ class WriteAheadLog:
                     os.ftruncate(self._fd, allocated)
                     self._allocated = allocated
                 _pwrite_all(self._fd, pieces, active.end)
-                if self.fsync == "always":
+                if self.fsync == "always" and sync:
                     os.fsync(self._fd)
+                    self._durable = (active.number, active.end + length)
             except OSError:
                 # Cutting the file frees what the failed write took of a full disk, and no part of it can
                 # be read back as a record.
@@ -284,8 +293,28 @@ class WriteAheadLog:
                 raise
             location = Location(active.number, active.end)
             active.end += length
-            self._dirty = self.fsync != "always"
+            self._dirty = self.fsync != "always" or not sync
         return location
+
+    def sync_through(self, location: Location) -> None:
+        """With fsync "always": return once the record at `location` is on disk. The first caller fsyncs every
+        record written so far; callers that queued behind it while it did usually find theirs among them."""
+        if self.fsync != "always":
+            return
+        with self._syncing:
+            with self._io:
+                if self._durable > (location.segment, location.offset):
+                    return
+                if self._fd is None:
+                    raise RuntimeError(f"write-ahead log {self.directory} is closed")
+                target = (self._active.number, self._active.end)
+                fd = os.dup(self._fd)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with self._io:
+                self._durable = max(self._durable, target)
 
     def read(self, location: Location) -> Record:
         """The record at `location` (a group kept on disk while it waits for the trainer's commit)."""
@@ -321,6 +350,7 @@ class WriteAheadLog:
                 os.fsync(old)
             os.close(old)
             self._dirty = False
+            self._durable = (number, self._active.end)
         return Location(number, HEADER.size)
 
     def _start_segment(self, number: int, first: list[bytes]) -> None:

@@ -64,6 +64,45 @@ def test_kill_9_during_a_push_storm_loses_and_duplicates_nothing(buffer_process,
     assert server.stop(signal.SIGTERM) == 0
 
 
+def test_kill_9_during_concurrent_pushes_keeps_every_group_acknowledged_under_group_commit(buffer_process):
+    # Four streams push at once with fsync "always": their records share fsyncs (group commit), and an ack
+    # still means the group's record is on disk, so every one acknowledged before the kill is there after it.
+    streams, per_stream = 4, 150
+    server = buffer_process(prompts=streams * per_stream, capacity__max_groups=4096, wal__fsync="always")
+    client = server.start()
+    prompts = list(client.lease("w", streams * per_stream).prompts)
+    groups = [make_group(p, f"stream{i % streams}", i // streams, tokens=512) for i, p in enumerate(prompts)]
+    acks: list[list] = [[] for _ in range(streams)]
+    started, killed = threading.Barrier(streams), threading.Event()
+
+    def push(stream: int) -> None:
+        started.wait(10)
+        try:
+            for ack in client.push(groups[stream::streams], timeout=30):
+                acks[stream].append(ack)
+                if sum(map(len, acks)) >= 200 and not killed.is_set():
+                    killed.set()
+                    server.process.kill()
+        except grpc.RpcError:
+            pass
+
+    pushers = [threading.Thread(target=push, args=(i,)) for i in range(streams)]
+    for thread in pushers:
+        thread.start()
+    for thread in pushers:
+        thread.join(60)
+    assert killed.is_set() and all(acks), "every stream had acks when the buffer was killed"
+    acknowledged = {prompt_key(groups[a.sequence * streams + int(a.producer_id[6:])])
+                    for stream in acks for a in stream if a.stored}
+    assert 200 <= len(acknowledged) < streams * per_stream
+
+    client = server.start()
+    kept = [prompt_key(g.group) for g in client.pull(0, 1, streams * per_stream).groups]
+    assert len(kept) == len(set(kept)), "nothing stored twice"
+    assert acknowledged <= set(kept), "every acknowledged group survived"
+    assert server.stop(signal.SIGTERM) == 0
+
+
 def test_kill_9_while_segments_are_reused_keeps_exactly_the_uncommitted_groups(buffer_process, tmp_path):
     # Groups of about 16 KiB: a segment every dozen groups, released once its groups are committed.
     server = buffer_process(prompts=400, capacity__max_groups=4096, wal__fsync="never", wal__segment_bytes=200_000)

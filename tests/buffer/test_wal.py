@@ -203,3 +203,37 @@ def test_interval_policy_syncs_in_the_background(tmp_path, monkeypatch):
         time.sleep(0.01)
     assert synced
     wal.close()
+
+
+def test_one_fsync_covers_every_record_written_before_it_group_commit(tmp_path, monkeypatch):
+    wal, _ = replayed(tmp_path, fsync="always")
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
+    # Three writers logged before the first of them got to its fsync: that one fsync makes all three durable.
+    locations = [wal.append(2, {"n": i}, bytes(1000), sync=False) for i in range(3)]
+    assert fsyncs == [], "an append left to sync_through does not fsync"
+    wal.sync_through(locations[0])
+    for location in locations[1:]:
+        wal.sync_through(location)
+    assert len(fsyncs) == 1
+    # A record written after that fsync is not covered by it.
+    later = wal.append(2, {"n": 3}, bytes(1000), sync=False)
+    wal.sync_through(later)
+    assert len(fsyncs) == 2
+    # An ordinary append is on disk on return, and so is everything before it.
+    before = wal.append(2, {"n": 4}, bytes(1000), sync=False)
+    wal.append(2, {"n": 5}, bytes(1000))
+    wal.sync_through(before)
+    assert len(fsyncs) == 3
+    wal.close()
+    assert [meta["n"] for _, meta, _ in replayed(tmp_path)[1]] == list(range(6))
+
+
+@pytest.mark.parametrize("fsync", ["interval", "never"])
+def test_sync_through_leaves_the_disk_to_the_policy_when_it_is_not_always(tmp_path, monkeypatch, fsync):
+    wal, _ = replayed(tmp_path, fsync=fsync)
+    monkeypatch.setattr(os, "fsync", lambda fd: pytest.fail("fsync under policy " + fsync))
+    wal.sync_through(wal.append(2, {"n": 0}, b"x", sync=False))
+    monkeypatch.undo()
+    wal.close()
