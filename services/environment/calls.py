@@ -9,10 +9,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from zerobubble.environment.contract import loads_bounded
 
 _HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 _COMPACT = re.compile(r"@([A-Za-z_]\w*)\(")
@@ -38,9 +39,9 @@ def _hermes(text: str) -> list[Call]:
             calls.append(Call("", error="a <tool_call> is not closed by </tool_call>"))
             continue
         try:
-            value = json.loads(body)
-        except json.JSONDecodeError as exc:
-            calls.append(Call("", error=f"the tool call is not JSON ({exc.msg} at character {exc.pos})"))
+            value = loads_bounded(body)
+        except ValueError as exc:
+            calls.append(Call("", error=f"the tool call is not JSON that can be read ({exc})"))
             continue
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             calls.append(Call("", error='a tool call must be {"name": ..., "arguments": {...}}'))
@@ -48,8 +49,8 @@ def _hermes(text: str) -> list[Call]:
         arguments = value.get("arguments", {})
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
+                arguments = loads_bounded(arguments) if arguments.strip() else {}
+            except ValueError:
                 pass
         if not isinstance(arguments, dict):
             calls.append(Call(value["name"], error="its arguments must be a JSON object"))

@@ -15,6 +15,9 @@ from zerobubble.common.user_code import shown
 TIMEOUT, ERROR, EXITED, BAD_REPLY, TOO_LARGE, MAX_STEPS = (
     "timeout", "error", "exited", "bad_reply", "observation_too_large", "max_steps")
 _STEP_KEYS = {"observation", "reward", "done", "info"}
+# How deep JSON read from an environment or a model may nest: far beyond any observation, info or tool call's
+# arguments, far below what json and the service's recursive code (json.dumps, protobuf) can take.
+MAX_JSON_DEPTH = 64
 
 
 class BadReply(ValueError):
@@ -90,3 +93,28 @@ def check_step(value: Any, max_observation_bytes: int, max_info_bytes: int) -> S
     if size > max_info_bytes:
         raise BadReply(BAD_REPLY, f"'info' has {size} bytes as JSON, over limits.max_info_bytes={max_info_bytes}")
     return Step(observation, float(reward), done, info)
+
+
+def deeper_than(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether decoded JSON nests lists and objects more than `limit` deep (checked without recursion)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [item for node in level if isinstance(node, dict | list)
+                 for item in (node.values() if isinstance(node, dict) else node)]
+        if not level:
+            return False
+    return True
+
+
+def loads_bounded(data: str | bytes, limit: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads, with every way decoding fails as ValueError: not JSON, deeper than `limit` (json's own recursion
+    guard too), an integer of more digits than Python converts."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise ValueError(f"it nests deeper than {limit}") from None
+    except ValueError as exc:  # JSONDecodeError, or int()'s digit limit
+        raise ValueError(str(exc)) from None
+    if deeper_than(value, limit):
+        raise ValueError(f"it nests deeper than {limit}")
+    return value

@@ -20,7 +20,7 @@ from typing import Any
 
 from zerobubble.common.config import ConfigError
 from zerobubble.common.errors import TemporarilyUnavailable
-from zerobubble.common.user_code import BASIC_ENV
+from zerobubble.common.user_code import BASIC_ENV, shown
 from zerobubble.environment.config import EnvironmentConfig, WorkersConfig
 from zerobubble.environment.contract import (
     BAD_REPLY,
@@ -31,6 +31,7 @@ from zerobubble.environment.contract import (
     BadReply,
     Step,
     check_messages,
+    loads_bounded,
 )
 from zerobubble.environment.episode import Bounds
 from zerobubble.environment.worker import FORK
@@ -156,9 +157,9 @@ class ProcessEpisode:
         if not isinstance(reply[0], str):
             self._fail(BAD_REPLY, "the opening is not JSON text")
         try:
-            opening = json.loads(reply[0])
-        except json.JSONDecodeError:
-            self._fail(BAD_REPLY, "the opening is not JSON")
+            opening = loads_bounded(reply[0])
+        except ValueError as exc:
+            self._fail(BAD_REPLY, f"the opening is not JSON the service reads: {shown(exc)}")
         if opening is not None and not isinstance(opening, str):
             self._checked(lambda: check_messages(opening, "the opening"))
         return reply[0]
@@ -200,9 +201,9 @@ class ProcessEpisode:
                 self._fail(TOO_LARGE, f"its reply is over {self._max_reply} bytes")
             raise EOFError from None
         try:
-            return json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            self._fail(BAD_REPLY, "its reply is not JSON")
+            return loads_bounded(data)
+        except ValueError as exc:  # UnicodeDecodeError too
+            self._fail(BAD_REPLY, f"its reply is not JSON the service reads: {shown(exc)}")
 
     def _checked(self, check) -> None:
         try:

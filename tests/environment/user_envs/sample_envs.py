@@ -141,7 +141,11 @@ class Forger:
         import struct
 
         frames = {"not_json": b"\xff\xfe not json", "huge": b"", "wrong_shape": b'["stepped", 1]',
-                  "bad_code": b'["failed", "anything I like", "x"]'}
+                  "bad_code": b'["failed", "anything I like", "x"]',
+                  # Past the decoder's recursion guard, past the service's depth bound, past int()'s digit limit.
+                  "deep": b'["stepped", ' + b"[" * 50_000 + b"]" * 50_000 + b', 0.0, false, {}, 0]',
+                  "nested": b'["stepped", null, 0.0, false, ' + b'{"a": ' * 500 + b"{}" + b"}" * 500 + b', 0]',
+                  "digits": b'["stepped", null, 1' + b"0" * 5000 + b', false, {}, 0]'}
         payload = frames[assistant_text]
         header = struct.pack("!i", 2 ** 31 - 1 if assistant_text == "huge" else len(payload))
         for fd in os.listdir("/proc/self/fd"):
