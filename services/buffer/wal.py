@@ -22,7 +22,9 @@ segment is cut to its records and the next one starts with the record given to `
 whole state), so replay can begin at any segment; `release` then removes segments nothing refers to
 any more. One released file is kept as a spare and becomes the next segment: its blocks are
 allocated and cached, and filling it costs about half as much as deleting it and growing a new
-sparse file (3.5 MiB records: 0.5 ms instead of 1.0 ms each, measured here).
+file (3.5 MiB records: 0.5 ms instead of 1.0 ms each, measured here). A new segment grows by allocating
+its blocks ahead of its records (fallocate), never as a sparse file: the kernel's copy of a record into
+the blocks of a sparse file cost 4.2 ms of CPU per 3.5 MiB record here, into allocated ones 0.8 ms.
 """
 
 from __future__ import annotations
@@ -276,10 +278,11 @@ class WriteAheadLog:
                 pieces = encode(kind, meta, blob, active.seed)
             try:
                 if active.end + length > self._allocated:
-                    # Writes that extend a file are several times slower (per-page size updates) than
-                    # writes inside it, so the file grows ahead of the records; replay stops at the zeros.
+                    # Writes that extend a file, or fill a hole in it, are several times slower (per-page size
+                    # updates, block allocation) than writes into allocated blocks, so the file's blocks are
+                    # allocated ahead of the records; they read as zeros, where replay stops.
                     allocated = -(-(active.end + length) // PREALLOCATE) * PREALLOCATE
-                    os.ftruncate(self._fd, allocated)
+                    os.posix_fallocate(self._fd, self._allocated, allocated - self._allocated)
                     self._allocated = allocated
                 _pwrite_all(self._fd, pieces, active.end)
                 if self.fsync == "always" and sync:
