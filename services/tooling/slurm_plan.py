@@ -2,7 +2,8 @@
 
 deploy/slurm/zerobubble.sbatch runs it once at the start of the job (and again when the job is requeued). The
 first node of the job serves the reward service and the buffer, the next `--trainer-nodes` nodes the trainer's
-ranks (torchrun, one rank per GPU), every other node a rollout worker. A node's address is the one Slurm reaches
+ranks (torchrun, one rank per GPU), every other node a rollout worker; the environment service, where the templates
+have one, on the first node too. A node's address is the one Slurm reaches
 it at (NodeAddr), so the services' configs name the same network that Slurm's own traffic crosses. The user's
 config of each service is the template: the plan sets only what follows from the job (addresses, the run folder,
 the token, worker ids), checks every result against its service's schema, and writes the configs with a shell file
@@ -24,16 +25,19 @@ import yaml
 
 from zerobubble.buffer.config import BufferServiceConfig
 from zerobubble.common.config import ConfigError
+from zerobubble.environment.config import EnvironmentServiceConfig
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.launcher.config import validated, write_yaml
 from zerobubble.trainer.config import TrainerServiceConfig
 
 SCHEMAS = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "trainer": TrainerServiceConfig,
-           "rollout": RolloutServiceConfig}
+           "rollout": RolloutServiceConfig, "environment": EnvironmentServiceConfig}
+# Started only where --configs has its template: a run without episodes needs no environment service.
+OPTIONAL = ("environment",)
 # The ports of deploy/hosts/, so that one firewall description fits both; torchrun's rendezvous is the trainer
 # head's TORCH_PORT.
-PORTS = {"reward": 50052, "buffer": 50053, "rollout": 50054, "trainer": 50055}
+PORTS = {"reward": 50052, "buffer": 50053, "rollout": 50054, "trainer": 50055, "environment": 50056}
 STORE_PORT = 29500
 TORCH_PORT = 29400
 PLAN_ENV = "plan.env"
@@ -139,10 +143,14 @@ def service_trees(plan: Plan, templates: dict[str, dict], run_dir: Path, token: 
             "run_dir": str(run_dir / "trainer"), "resume": True, "weight_sync.store_host": head.address,
             "weight_sync.store_port": STORE_PORT, **client("buffer", "buffer")})),
     }
+    episodes = {}
+    if "environment" in templates:
+        trees["environment"] = ("environment", tree("environment", plan.service_node, {}))
+        episodes = client("environment", "environment")
     for node in plan.rollout_nodes:
         trees[f"rollout-{node.name}"] = ("rollout", tree("rollout", node, {
             "worker_id": f"rollout-{node.name}", **client("buffer", "buffer"), **client("reward_service", "reward"),
-            **client("trainer", "trainer")}))
+            **client("trainer", "trainer"), **episodes}))
     return trees
 
 
@@ -175,6 +183,8 @@ def load_templates(folder: Path) -> dict[str, dict]:
     templates = {}
     for service in SCHEMAS:
         path = folder / f"{service}.yaml"
+        if not path.is_file() and service in OPTIONAL:
+            continue
         if not path.is_file():
             raise ConfigError(f"--configs: {folder} has no {service}.yaml")
         loaded = yaml.safe_load(path.read_text()) or {}
@@ -211,7 +221,8 @@ def cmd_slurm_plan(args) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("slurm-plan", help="inside a Slurm job: each node's service, address and config")
     parser.add_argument("--configs", type=Path, required=True,
-                        help="folder of reward.yaml, buffer.yaml, trainer.yaml, rollout.yaml: the templates")
+                        help="folder of reward.yaml, buffer.yaml, trainer.yaml, rollout.yaml (and environment.yaml "
+                        "for episodes): the templates")
     parser.add_argument("--run-dir", type=Path, required=True, help="the run folder, on the shared file system")
     parser.add_argument("--trainer-nodes", type=int, default=1, help="nodes for the trainer's ranks (default 1)")
     parser.set_defaults(run=cmd_slurm_plan)

@@ -71,12 +71,14 @@ def test_the_plan_writes_every_services_config_from_the_shipped_templates(tmp_pa
     assert stat.S_IMODE(token.stat().st_mode) == 0o600 and stat.S_IMODE(out.stat().st_mode) == 0o700
     assert len(token.read_text().strip()) >= 32
     configs = {path.stem: path for path in out.glob("*.yaml")}
-    assert sorted(configs) == ["buffer", "reward", "rollout-gpu03", "rollout-gpu04", "trainer"]
+    assert sorted(configs) == ["buffer", "environment", "reward", "rollout-gpu03", "rollout-gpu04", "trainer"]
     loaded = {name: load_config(SCHEMAS[name.split("-")[0]], path) for name, path in configs.items()}
     for name, config in loaded.items():
         assert config.server.auth_token_file == token, name
     assert loaded["reward"].server.listen == "10.1.0.1:50052" and loaded["buffer"].server.listen == "10.1.0.1:50053"
     assert loaded["buffer"].wal.directory == run_dir / "buffer-wal"
+    assert loaded["environment"].server.listen == "10.1.0.1:50056"
+    assert [entry.name for entry in loaded["environment"].environments] == ["calculator", "python"]
     trainer = loaded["trainer"]
     assert trainer.server.listen == "10.1.0.2:50055" and trainer.server.metrics_host == "10.1.0.2"
     assert trainer.run_dir == run_dir / "trainer" and trainer.resume
@@ -90,11 +92,24 @@ def test_the_plan_writes_every_services_config_from_the_shipped_templates(tmp_pa
         assert (rollout.buffer.address, rollout.reward_service.address, rollout.trainer.address) == (
             "10.1.0.1:50053", "10.1.0.1:50052", "10.1.0.2:50055")
         assert rollout.reward_service.timeout_seconds == 300
+        assert (rollout.environment.address, rollout.environment.auth_token_file) == ("10.1.0.1:50056", token)
 
     sourced = subprocess.run(["bash", "-c", f'source "{facts}"; echo "$ZB_SERVICE_NODE|$ZB_TRAINER_NODES|'
                               '$ZB_TRAINER_NPROC|$ZB_TRAINER_HEAD|$ZB_ROLLOUT_NODES|$ZB_PLAN"'],
                              capture_output=True, text=True, check=True).stdout.strip()
     assert sourced == f"gpu01|gpu02|4|10.1.0.2|gpu03 gpu04|{out}"
+
+
+def test_without_an_environment_template_no_environment_service_runs(tmp_path):
+    """A run without episodes: the batch script starts an environment step only where its config was written."""
+    templates = load_templates(TEMPLATES)
+    del templates["environment"]
+    out = tmp_path / "plan"
+    write_plan(assign(NODES[:3], 1, 0), templates, tmp_path, out)
+    assert not (out / "environment.yaml").exists()
+    assert load_config(SCHEMAS["rollout"], out / "rollout-gpu03.yaml").environment is None
+    script = (REPO / "deploy" / "slurm" / "zerobubble.sbatch").read_text()
+    assert 'if [ -e "$ZB_PLAN/environment.yaml" ]; then' in script
 
 
 def test_a_template_mistake_fails_the_plan_naming_the_file_and_field(tmp_path):
