@@ -3,15 +3,22 @@ are the observation, one `{"role": "tool", "name": ..., "content": ...}` message
 call is the final answer, which ends the episode with the final-answer reward.
 
 Tools are plain functions with type hints and a docstring; their JSON schemas (the OpenAI function-calling shape)
-come from `transformers.utils.get_json_schema`, the function chat templates render `tools=` with.
+come from `transformers.utils.get_json_schema`, the function chat templates render `tools=` with. A call's arguments,
+in either format, are checked against that schema (jsonschema) before the tool runs; a string that is exactly a
+number is taken as the number where the schema asks for one ("7" for an integer; never "seven", "7.5" or "0x7"),
+as models often quote numbers. What does not fit is an `error: argument 'NAME': ...` the model reads.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
 from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from zerobubble.common.user_code import shown
 from zerobubble.environment.calls import Call, parse
@@ -19,6 +26,8 @@ from zerobubble.environment.calls import Call, parse
 _BOXED = "\\boxed{"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _PARAMETER_TYPES: dict[str, Callable[[str], Any]] = {"integer": int, "number": float, "string": str}
+# The strings taken as numbers where a parameter's schema asks for one.
+_NUMERALS = {"integer": re.compile(r"\s*-?\d{1,300}\s*"), "number": re.compile(r"\s*-?\d{1,300}(?:\.\d{1,300})?\s*")}
 
 
 def tool_schema(function: Callable) -> dict:
@@ -79,6 +88,8 @@ class ToolEnvironment:
                  final_reward: Callable[[str, dict], float], max_tool_calls: int, max_output_chars: int,
                  inner: Any = None):
         self.tools = {tool.__name__: tool for tool in tools}
+        self.parameters = {tool.__name__: json.dumps(schema["function"].get("parameters") or {}, sort_keys=True)
+                           for tool, schema in zip(tools, schemas, strict=True)}
         self.first_parameter = {tool.__name__: next(iter(_properties(schema)), None)
                                 for tool, schema in zip(tools, schemas, strict=True)}
         self.tool_format = tool_format
@@ -111,7 +122,10 @@ class ToolEnvironment:
         if tool is None:
             return _message(call.name, f"error: no tool {call.name!r}; the tools are {', '.join(self.tools)}")
         try:
-            arguments = self._arguments(call)
+            arguments = _checked(self._arguments(call), self.parameters[call.name])
+        except ValueError as exc:
+            return _message(call.name, self._cut(f"error: {exc}"))
+        try:
             result = tool(**arguments)
         except Exception as exc:  # noqa: BLE001 - a failing tool is an answer the model reads
             return _message(call.name, self._cut(f"error: {type(exc).__name__}: {exc}"))
@@ -127,12 +141,58 @@ class ToolEnvironment:
         try:
             return {name: _PARAMETER_TYPES.get(kind, str)(call.text.strip() if kind != "string" else call.text)}
         except ValueError:
-            raise ValueError(f"{call.text!r} is not a {kind} (parameter {name!r})") from None
+            raise ValueError(f"argument {name!r}: {call.text!r} is not of type {kind!r}") from None
 
     def _cut(self, text: str) -> str:
         if len(text) <= self.max_output_chars:
             return text
         return text[:self.max_output_chars] + f"... [{len(text) - self.max_output_chars} more characters]"
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(parameters: str) -> Draft202012Validator | None:
+    """The validator of a tool's parameters schema (JSON text, so that it can be cached); None for a schema that is
+    itself invalid (an MCP server's), whose tool then checks its own arguments."""
+    schema = json.loads(parameters)
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError:
+        return None
+    return Draft202012Validator(schema)
+
+
+def _checked(arguments: dict, parameters: str) -> dict:
+    """The arguments, numerals taken as numbers where the schema asks for numbers, after checking them against the
+    schema; ValueError naming the first argument that does not fit."""
+    validator = _validator(parameters)
+    if validator is None:
+        return arguments
+    properties = validator.schema.get("properties", {})
+    arguments = {name: _numeral(value, properties.get(name)) for name, value in arguments.items()}
+    error = next(iter(sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.path)))), None)
+    if error is None:
+        unknown = [name for name in arguments if name not in properties]
+        if unknown and "additionalProperties" not in validator.schema:  # a Python function takes no others
+            raise ValueError(f"argument {unknown[0]!r}: no such parameter; the parameters are "
+                             f"{', '.join(properties) or 'none'}")
+        return arguments
+    if error.validator == "required" and not error.path:
+        missing = next(name for name in error.validator_value if name not in error.instance)
+        raise ValueError(f"argument {missing!r}: missing; it is required")
+    if error.path:
+        raise ValueError(f"argument {str(error.path[0])!r}: {_cut_message(error.message)}")
+    raise ValueError(_cut_message(error.message))
+
+
+def _numeral(value: Any, spec: Any) -> Any:
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if isinstance(value, str) and kind in _NUMERALS and _NUMERALS[kind].fullmatch(value):
+        return int(value) if kind == "integer" else float(value)
+    return value
+
+
+def _cut_message(message: str) -> str:
+    return message if len(message) <= 300 else message[:300] + "..."
 
 
 def _properties(schema: dict) -> list[tuple[str, str]]:

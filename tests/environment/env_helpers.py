@@ -22,6 +22,8 @@ ENVIRONMENTS = [
     {"name": "python", "builtin": "python", "tool_format": "compact"},
     {"name": "add_tools", "builtin": "tools", "tools": ["sample_envs:add", "calculator"], "path": str(USER_ENVS),
      "final_answer": "boxed"},
+    {"name": "add_compact", "builtin": "tools", "tools": ["sample_envs:add"], "path": str(USER_ENVS),
+     "tool_format": "compact"},
     user_env("guess", "GuessNumber"),
     user_env("add", "AddTools"),
     user_env("hangs", "Hangs"),
