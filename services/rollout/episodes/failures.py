@@ -11,8 +11,12 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from zerobubble.rollout.engine import Sample
+if TYPE_CHECKING:
+    # The engine brings torch; the launcher reads this module's names before anything starts.
+    from zerobubble.rollout.engine import Sample
+
 
 log = logging.getLogger(__name__)
 FIRST_ERROR, ALL_FAILED, STOPPED = "first_error", "all_failed", "stopped"

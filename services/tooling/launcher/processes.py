@@ -10,9 +10,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from zerobubble.tooling.launcher.data_parallel import agent_command
 from zerobubble.tooling.launcher.ready import READY_FILE, read_announcement
 from zerobubble.tooling.launcher.tether import Tether
@@ -88,6 +85,10 @@ class ServiceProcess:
             time.sleep(0.05)
 
     def wait_healthy(self, timeout: float) -> None:
+        # Imported here: the dry run builds processes too, and a refusal need not wait for grpc to load.
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
         deadline = time.monotonic() + timeout
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)

@@ -11,8 +11,6 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from zerobubble.rollout.evaluation import PROGRESS_FILE
-
 
 def last_row(path: Path) -> dict | None:
     try:
@@ -79,6 +77,9 @@ class ProgressLine:
     def __init__(self, run_dir: Path, interval: float = 15.0, evaluation: str | None = None):
         """`evaluation`: what the evaluation before training covers (e.g. "50 prompts x 4 samples"), when one runs:
         until the first step the line says it is under way, then its result."""
+        # Imported here: the evaluation module brings torch, which the dry run (importing this) must not wait for.
+        from zerobubble.rollout.evaluation import PROGRESS_FILE
+
         self.metrics = run_dir / "trainer" / "metrics.jsonl"
         self.evaluations = run_dir / "eval" / "summary.jsonl"
         self.progress = run_dir / "eval" / PROGRESS_FILE
