@@ -17,9 +17,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-
 from zerobubble.common.user_code import shown
 from zerobubble.environment.calls import Call, parse
 
@@ -150,9 +147,12 @@ class ToolEnvironment:
 
 
 @functools.lru_cache(maxsize=256)
-def _validator(parameters: str) -> Draft202012Validator | None:
+def _validator(parameters: str) -> Any:
     """The validator of a tool's parameters schema (JSON text, so that it can be cached); None for a schema that is
     itself invalid (an MCP server's), whose tool then checks its own arguments."""
+    from jsonschema import Draft202012Validator  # with transformers, which made the schema (the train extra)
+    from jsonschema.exceptions import SchemaError
+
     schema = json.loads(parameters)
     try:
         Draft202012Validator.check_schema(schema)
