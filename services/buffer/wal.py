@@ -29,6 +29,7 @@ the blocks of a sparse file cost 4.2 ms of CPU per 3.5 MiB record here, into all
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -281,9 +282,7 @@ class WriteAheadLog:
                     # Writes that extend a file, or fill a hole in it, are several times slower (per-page size
                     # updates, block allocation) than writes into allocated blocks, so the file's blocks are
                     # allocated ahead of the records; they read as zeros, where replay stops.
-                    allocated = -(-(active.end + length) // PREALLOCATE) * PREALLOCATE
-                    os.posix_fallocate(self._fd, self._allocated, allocated - self._allocated)
-                    self._allocated = allocated
+                    self._allocate(active.end + length)
                 _pwrite_all(self._fd, pieces, active.end)
                 if self.fsync == "always" and sync:
                     os.fsync(self._fd)
@@ -298,6 +297,19 @@ class WriteAheadLog:
             active.end += length
             self._dirty = self.fsync != "always" or not sync
         return location
+
+    def _allocate(self, needed: int) -> None:
+        """Allocate the active file's blocks through `needed`, PREALLOCATE at a time; on a nearly full disk only
+        what is needed (ENOSPC when even that is not there)."""
+        allocated = -(-needed // PREALLOCATE) * PREALLOCATE
+        try:
+            os.posix_fallocate(self._fd, self._allocated, allocated - self._allocated)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            allocated = needed
+            os.posix_fallocate(self._fd, self._allocated, allocated - self._allocated)
+        self._allocated = allocated
 
     def sync_through(self, location: Location) -> None:
         """With fsync "always": return once the record at `location` is on disk. The first caller fsyncs every

@@ -237,3 +237,12 @@ def test_sync_through_leaves_the_disk_to_the_policy_when_it_is_not_always(tmp_pa
     wal.sync_through(wal.append(2, {"n": 0}, b"x", sync=False))
     monkeypatch.undo()
     wal.close()
+
+
+def test_the_active_segment_grows_allocated_not_sparse(tmp_path):
+    # The kernel copies a record into a sparse file's hole at several times the CPU of allocated blocks.
+    wal, _ = replayed(tmp_path)
+    wal.append(2, {"n": 0}, bytes(1000))
+    stat = os.stat(tmp_path / f"{wal.segments[-1]:08d}.wal")
+    assert stat.st_size >= 1000 and stat.st_blocks * 512 >= stat.st_size, "every byte of the file has its block"
+    wal.close()
