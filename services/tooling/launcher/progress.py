@@ -84,6 +84,8 @@ class ProgressLine:
         self.evaluations = run_dir / "eval" / "summary.jsonl"
         self.progress = run_dir / "eval" / PROGRESS_FILE
         self.evaluation = evaluation
+        # What else the first step waits for, said on the waiting line (an outside agent's groups).
+        self.waiting_for = ""
         self.interval = interval
         self.started = time.monotonic()
         self.samples = 0.0
@@ -128,13 +130,15 @@ class ProgressLine:
             print(line, flush=True)
 
     def waiting(self) -> str:
-        """What goes on before the first step: the evaluation of the starting weights, then its result."""
+        """What goes on before the first step: the evaluation of the starting weights, then its result; and what
+        else the step waits for."""
         if self.evaluation is None:
-            return ""
+            return self.waiting_for
         done = last_row(self.evaluations)
         if done is None:
-            return f" (evaluating the starting weights first: {self.evaluation}{evaluation_progress(self.progress)})"
-        return f" (before training: pass@1 {done['pass@1']:.3f} on {done['prompts']} prompts)"
+            return (f" (evaluating the starting weights first: {self.evaluation}{evaluation_progress(self.progress)})"
+                    f"{self.waiting_for}")
+        return f" (before training: pass@1 {done['pass@1']:.3f} on {done['prompts']} prompts){self.waiting_for}"
 
     def close(self) -> None:
         if self.live is not None:

@@ -194,6 +194,14 @@ class Run:
             progress.refresh()
             time.sleep(0.5)
 
+    def waiting_for(self) -> str:
+        """" (...)": what the first step waits for besides the workers' own generation, for the progress line."""
+        path = self.run_dir / "configs" / "rollout-0.yaml"
+        if path.exists() and load_config(RolloutServiceConfig, path).openai.exclusive:
+            return (" (rollout.openai.exclusive: the workers generate nothing themselves; training waits for an "
+                    "agent's groups, POST /v1/groups on the OpenAI endpoint above)")
+        return ""
+
     def endpoints(self) -> list[str]:
         """What a user reaches of the run, for the console: the OpenAI endpoints, the run's token, the viewer."""
         lines = []
@@ -301,6 +309,7 @@ def up(config: UpConfig, *, resume: bool = False, overwrite: bool = False, cache
         trainer = run.launch(assets)
         for line in run.endpoints():
             print(line, flush=True)
+        progress.waiting_for = run.waiting_for()
         progress.evaluation = run.evaluation_size(at_start=True)
         progress.start()
         run.watch(trainer, progress)
