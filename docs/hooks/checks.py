@@ -1,6 +1,8 @@
 """What a strict build checks beyond MkDocs' own links: every repository path written in code (`services/...`,
-`tests/...`, ...) exists and is spelled from the repository root, and every configuration key written in code
-resolves in the schemas. A renamed file or key then breaks the build, naming the page."""
+`tests/...`, ...) exists and is spelled from the repository root, every configuration key written in code
+resolves in the schemas, and every code block of a guide says its language, and, when it is a shell or Python
+block, either runs in the tests (tests/docs/test_guide_blocks.py) or says why not. A renamed file or key then
+breaks the build, naming the page."""
 
 from __future__ import annotations
 
@@ -87,8 +89,62 @@ def problems(markdown: str, up, services) -> list[str]:
     return found
 
 
+# Blocks the guides' test runs (Sybil: tests/docs/test_guide_blocks.py), unless Sybil's own skip directive comes
+# right before, with its reason: <!-- skip: next "starts a training run" -->.
+RUNNABLE = ("bash", "console", "python")
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})(.*)$")
+_SKIP = re.compile(r"^\s*<!--\s*skip:\s*next\b(.*?)-->\s*$")
+_REASON = re.compile(r"""^\s*("[^"]+"|'[^']+')\s*$""")
+# A block without a language that starts with one of these holds commands: it must say `bash` (or `console`).
+_COMMAND = re.compile(r"^\s*(\$ |(zerobubble|python3?|pip|make|docker|docker-compose|kubectl|helm|sbatch|srun|"
+                      r"mkdir|cp|curl|git|cd|export|uv)( |$)|\.?venv[\w-]*/bin/)")
+
+
+def _blocks(markdown: str):
+    """(line number, language, first line of the body, the line before the fence) of each fenced block."""
+    lines = markdown.splitlines()
+    before, number = "", 0
+    while number < len(lines):
+        opened = _FENCE.match(lines[number])
+        if opened is None:
+            before = lines[number] if lines[number].strip() else before
+            number += 1
+            continue
+        fence, language = opened.group(1), (opened.group(2).split() or [""])[0].strip("{.}")
+        end = number + 1
+        while end < len(lines) and not ((closed := _FENCE.match(lines[end])) and closed.group(1).startswith(fence)
+                                        and not closed.group(2).strip()):
+            end += 1
+        body = [line for line in lines[number + 1:end] if line.strip()]
+        yield number + 1, language, body[0] if body else "", before
+        before, number = "", end + 1
+
+
+def block_problems(markdown: str) -> list[str]:
+    """A guide's shell and Python blocks say their language and run in the tests, or are marked illustrative with
+    a reason."""
+    found = []
+    for number, language, first, before in _blocks(markdown):
+        skip = _SKIP.match(before)
+        if not language and _COMMAND.match(first):
+            found.append(f"line {number}: a block of commands without its language: write ```bash (or ```console "
+                         f"for a session with its output), so that the tests run it or it says why not")
+        elif language in ("sh", "shell", "shell-session"):
+            found.append(f"line {number}: write `bash` (or `console` for a session with its output), not `{language}`")
+        elif skip and not _REASON.match(skip.group(1)):
+            found.append(f"line {number}: `skip: next` gives no reason in quotes, e.g. "
+                         f"<!-- skip: next \"starts a training run\" -->")
+        elif skip and language not in RUNNABLE:
+            found.append(f"line {number}: a `{language or 'plain'}` block never runs; `skip: next` is for bash, "
+                         f"console and python")
+    return found
+
+
 def on_page_markdown(markdown, page, config, files):
     up, services = _schemas()
+    if page.file.src_uri.startswith("guides/"):
+        for problem in block_problems(markdown):
+            log.warning("%s: %s", page.file.src_uri, problem)
     for problem in problems(markdown, up, services):
         log.warning("%s: %s", page.file.src_uri, problem)
     return markdown
