@@ -75,6 +75,10 @@ const PANELS = [
     ["pull wait seconds", ["pull_wait_seconds"]], ["step seconds", ["step_seconds"]],
     ["tokens per second", ["tokens_per_second"]],
   ]],
+  // Only in runs with episodes: how many ended by their environment failing, in all and by reason.
+  ["Episodes", [
+    ["episodes failed in their environment", (keys) => keys.filter((k) => k.startsWith("episodes_failed"))],
+  ]],
 ];
 const COLOURS = ["#0969da", "#cf222e", "#2da44e", "#8250df", "#bf8700", "#1b7c83"];
 
@@ -126,13 +130,15 @@ function metricSeries(key, _, keys) {
 
 function renderCurves(main) {
   if (!state.metrics.length) main.append(h("p", { class: "empty" }, "The run has not finished a step yet."));
+  const present = [...new Set(state.metrics.flatMap((r) => Object.keys(r)))].sort();
   for (const [section, panels] of PANELS) {
     const row = h("div", { class: "charts", id: "charts-" + section.toLowerCase() });
-    for (const [title, keys] of panels) {
+    for (const [title, named] of panels) {
+      const keys = typeof named === "function" ? named(present) : named;
       const series = keys.map(metricSeries).filter((s) => s.points.length);
       if (series.length) row.append(chart(title, series, "step"));
     }
-    main.append(h("h2", {}, section), row);
+    if (row.childElementCount || section !== "Episodes") main.append(h("h2", {}, section), row);
   }
   main.append(h("h2", {}, "Evaluations"));
   const byDataset = {};
@@ -321,7 +327,10 @@ async function renderEvals(main, dataset, a, b) {
   const side = (answers, version) => h("div", {}, h("div", { class: "facts" },
     `version ${version}: ${answers.filter((x) => x.answer_ok).length}/${answers.length} correct`),
   answers.map((x) => h("div", { class: "answer" + (x.answer_ok ? " ok" : "") },
-    h("span", { class: "facts" }, `sample ${x.sample} · reward ${fmt(x.reward)} · ${x.finish_reason}`), h("pre", {}, x.text))));
+    h("span", { class: "facts" }, `sample ${x.sample} · reward ${fmt(x.reward)} · ${x.finish_reason}` + (x.episode ?
+      ` · ${x.episode.turns} turns · ${x.episode.tool_calls} tool calls · ended: ${x.episode.ended}` : "")),
+    // An episode's answer is its whole transcript: the model's turns and the tools' answers between them.
+    h("pre", {}, x.episode ? x.episode.transcript : x.text))));
   for (const q of pair.questions) {
     list.append(h("div", { class: "eval-question", "data-prompt": q.prompt_id },
       h("strong", {}, `question ${q.prompt_id}`), q.data_source ? ` · ${q.data_source}` : "",
