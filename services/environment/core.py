@@ -20,6 +20,7 @@ from zerobubble.common.errors import InvalidInput, NotFound, Overloaded, Unavail
 from zerobubble.common.sandbox.runner import CodeSandbox
 from zerobubble.environment.config import EnvironmentServiceConfig
 from zerobubble.environment.contract import MAX_STEPS, BadReply, Step, check_messages
+from zerobubble.environment.deadlines import step_deadline
 from zerobubble.environment.episode import Blueprint, Bounds, Episode, blueprint
 from zerobubble.environment.metrics import EnvironmentMetrics
 from zerobubble.environment.processes import EpisodeProcesses
@@ -42,7 +43,8 @@ class _Local:
         return self._episode.open(row)
 
     def step(self, assistant_text: str, timeout: float) -> Step:
-        return self._episode.step(assistant_text)
+        with step_deadline(timeout):
+            return self._episode.step(assistant_text)
 
     def kill(self) -> None:
         pass
@@ -133,9 +135,11 @@ class EpisodeService:
         self.metrics.opened.labels(environment).inc()
         return episode_id, opening, json.dumps(info.tools)
 
-    def step(self, episode_id: str, assistant_text: str) -> tuple[Step, str]:
-        """The step and the reason the episode ended ("" when it goes on or the environment said done)."""
+    def step(self, episode_id: str, assistant_text: str, client_seconds: float | None = None) -> tuple[Step, str]:
+        """The step and the reason the episode ended ("" when it goes on or the environment said done). It may take
+        limits.step_timeout_s, or `client_seconds` (what is left of the client's deadline) when shorter."""
         limits = self.config.limits
+        timeout = limits.step_timeout_s if client_seconds is None else min(limits.step_timeout_s, client_seconds)
         check_size(assistant_text, limits.max_assistant_bytes, "assistant_text", "limits.max_assistant_bytes")
         episode = self._get(episode_id)
         if not episode.lock.acquire(blocking=False):
@@ -147,7 +151,7 @@ class EpisodeService:
                 raise InvalidInput(f"the episode has ended ({episode.ended}); close it", "episode_id")
             episode.steps += 1
             try:
-                step = episode.runner.step(assistant_text, limits.step_timeout_s)
+                step = episode.runner.step(assistant_text, max(timeout, 0.001))
                 reason = ""
                 if not step.done and episode.steps >= limits.max_steps:
                     step, reason = Step(step.observation, step.reward, True, step.info, step.tool_calls), MAX_STEPS

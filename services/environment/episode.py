@@ -13,7 +13,8 @@ from zerobubble.common.user_code import import_callable, shown
 from zerobubble.environment.calculator import calculator
 from zerobubble.environment.calls import parse
 from zerobubble.environment.config import FINAL_ANSWER_RULES, EnvironmentConfig
-from zerobubble.environment.contract import ERROR, BadReply, Step, check_observation, check_step
+from zerobubble.environment.contract import ERROR, TIMEOUT, BadReply, Step, check_observation, check_step
+from zerobubble.environment.deadlines import StepTimeout
 from zerobubble.environment.mcp_tools import list_tools, mcp_tools
 from zerobubble.environment.tools import ToolEnvironment, final_answer_rule, tool_schema
 
@@ -120,6 +121,8 @@ class Episode:
     def step(self, assistant_text: str) -> Step:
         try:
             value = self._environment.step(assistant_text)
+        except StepTimeout as late:
+            raise BadReply(TIMEOUT, str(late)) from None
         except BaseException as exc:  # noqa: BLE001
             raise BadReply(ERROR, f"step raised {type(exc).__name__}: {shown(exc)}{_trace(exc)}") from None
         try:

@@ -11,6 +11,8 @@ from zerobubble.common.status import translate_errors
 from zerobubble.environment.core import EpisodeService
 from zerobubble.v1 import environment_pb2, environment_pb2_grpc
 
+_ANSWER_MARGIN_S = 0.2
+
 
 class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
     def __init__(self, core: EpisodeService):
@@ -34,7 +36,10 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
 
     @translate_errors
     async def StepEpisode(self, request, context):
-        step, reason = await self._run(self.core.step, request.episode_id, request.assistant_text)
+        # Ends a little before the client's deadline, so that the client reads why rather than DEADLINE_EXCEEDED.
+        left = context.time_remaining()
+        client_seconds = None if left is None else left - _ANSWER_MARGIN_S
+        step, reason = await self._run(self.core.step, request.episode_id, request.assistant_text, client_seconds)
         return environment_pb2.StepEpisodeReply(
             observation_json=json.dumps(step.observation, ensure_ascii=False), reward=step.reward, done=step.done,
             info_json=json.dumps(step.info, ensure_ascii=False), tool_calls=step.tool_calls, ended_reason=reason)

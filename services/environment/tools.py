@@ -19,6 +19,7 @@ from typing import Any
 
 from zerobubble.common.user_code import shown
 from zerobubble.environment.calls import Call, parse
+from zerobubble.environment.deadlines import StepTimeout
 
 _BOXED = "\\boxed{"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -124,6 +125,8 @@ class ToolEnvironment:
             return _message(call.name, self._cut(f"error: {exc}"))
         try:
             result = tool(**arguments)
+        except StepTimeout:
+            raise
         except Exception as exc:  # noqa: BLE001 - a failing tool is an answer the model reads
             return _message(call.name, self._cut(f"error: {type(exc).__name__}: {exc}"))
         return _message(call.name, self._cut(result if isinstance(result, str) else _text(result)))

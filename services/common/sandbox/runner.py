@@ -52,7 +52,9 @@ _EMPTY_SECONDS = 5.0  # for what a run leaves in its cgroup (killed processes, s
 
 @dataclass(frozen=True)
 class RunResult:
-    status: str  # "ok" | "runtime_error" | "time_limit" | "memory_limit" | "output_limit" | "sandbox_error"
+    # "ok" | "runtime_error" | "time_limit" | "memory_limit" | "output_limit" | "sandbox_error", or "deadline": the
+    # caller's deadline passed while it waited for a slot or ran (then killed)
+    status: str
     exit_code: int | None  # -N when killed by signal N; None when the sandbox stopped or never ran it
     stdout: str
     stderr: str  # capped; for sandbox_error the reason
@@ -128,11 +130,12 @@ class CodeSandbox:
         with self._lock:
             return self._kills
 
-    def run(self, source: str, stdin: str) -> RunResult:
-        """Runs one program on one input; blocks until a slot is free."""
+    def run(self, source: str, stdin: str, deadline: float | None = None) -> RunResult:
+        """Runs one program on one input; blocks until a slot is free. `deadline` (a time.monotonic() instant) bounds
+        the wait for a slot and the run together: past it the program is killed and the status is "deadline"."""
         if not self.isolation.full:
             raise SandboxUnavailable(self.isolation.reason)
-        return self._run(source, stdin)
+        return self._run(source, stdin, deadline)
 
     def run_tests(self, source: str, inputs: list[str], outputs: list[str], *,
                   stop_at_first_failure: bool) -> TestReport:
@@ -186,14 +189,19 @@ class CodeSandbox:
             return Isolation((f"the probe program failed ({result.status}): {detail}",))
         return Isolation()
 
-    def _run(self, source: str, stdin: str) -> RunResult:
-        slot = self._slots.get()
+    def _run(self, source: str, stdin: str, deadline: float | None = None) -> RunResult:
+        started = time.monotonic()
         try:
-            return self._execute(slot, source.encode(errors="replace"), stdin.encode(errors="replace"))
+            slot = self._slots.get(timeout=None if deadline is None else max(0.0, deadline - started))
+        except queue.Empty:
+            return RunResult("deadline", None, "", "no sandbox slot was free before the deadline",
+                             time.monotonic() - started)
+        try:
+            return self._execute(slot, source.encode(errors="replace"), stdin.encode(errors="replace"), deadline)
         finally:
             self._slots.put(slot)
 
-    def _execute(self, slot: int, source: bytes, stdin: bytes) -> RunResult:
+    def _execute(self, slot: int, source: bytes, stdin: bytes, deadline: float | None) -> RunResult:
         cgroups = self.cgroups
         oom_kills = cgroups.oom_kills(slot)
         status_read, status_write = os.pipe()
@@ -218,7 +226,7 @@ class CodeSandbox:
                 finally:
                     os.close(status_write)
         try:
-            killed_for, out, err, status = self._communicate(proc, status_read, stdin)
+            killed_for, out, err, status = self._communicate(proc, status_read, stdin, deadline)
         finally:
             _kill_group(proc.pid)  # session leader: its pid is the group's id
             proc.wait()
@@ -248,7 +256,7 @@ class CodeSandbox:
                 "max_file_bytes": cfg.max_file_bytes, "max_open_files": cfg.max_open_files}
         return [f"{key}={value}" for key, value in spec.items()]
 
-    def _communicate(self, proc: subprocess.Popen, status_fd: int, stdin: bytes,
+    def _communicate(self, proc: subprocess.Popen, status_fd: int, stdin: bytes, caller_deadline: float | None,
                      ) -> tuple[str | None, bytes, bytes, bytes]:
         """Feeds stdin and collects output until the launcher exits. Returns why the tree must be killed
         (None when it ended by itself), stdout, stderr and the launcher's report."""
@@ -258,6 +266,9 @@ class CodeSandbox:
         bufs = {fd: bytearray() for fd in caps}
         pending = memoryview(stdin)
         deadline = time.monotonic() + self.config.wall_seconds
+        cut_for = "time_limit"
+        if caller_deadline is not None and caller_deadline < deadline:
+            deadline, cut_for = caller_deadline, "deadline"
         killed_for = None
 
         def over_cap() -> bool:
@@ -279,7 +290,7 @@ class CodeSandbox:
                 while not exited and not killed_for:
                     timeout = deadline - time.monotonic()
                     if timeout <= 0:
-                        killed_for = "time_limit"
+                        killed_for = cut_for
                         break
                     for key, _ in selector.select(timeout):
                         if key.fd == pidfd:
