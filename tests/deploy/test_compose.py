@@ -173,7 +173,7 @@ def test_sandboxed_services_are_not_privileged_and_have_only_what_bubblewrap_nee
 def test_the_environment_service_is_bounded_and_unpublished(compose):
     environment = compose["services"]["environment"]
     assert re.fullmatch(r"\$\{ZB_ENVIRONMENT_MEMORY:-\d+g\}", environment["mem_limit"])
-    assert re.fullmatch(r"\$\{ZB_ENVIRONMENT_PIDS:-\d+\}", str(environment["pids_limit"]))
+    assert isinstance(environment["pids_limit"], int) and environment["pids_limit"] > 0
     assert "ports" not in environment, "only the rollout workers call it, on the compose network"
 
 
