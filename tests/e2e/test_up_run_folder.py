@@ -48,7 +48,8 @@ def test_a_run_folder_holds_one_run(tmp_path):
     assert checkpoints == ["step-000001"]
     assert [e["version"] for e in evaluations(run_dir)] == [0]
     result = json.loads(fresh.stdout.strip().splitlines()[-1])
-    assert result["version_after"] == 0 and result["version_before"] == 0
+    # final_eval is off and no evaluation came after training: no "after" of the starting weights.
+    assert result["version_before"] == 0 and "eval_after" not in result and "version_after" not in result
 
     # The run's checkpoint, evaluated as the run's own evaluations are.
     held_out = next((tmp_path / ".assets").glob("arithmetic-*/eval.jsonl"))

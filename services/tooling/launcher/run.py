@@ -372,8 +372,11 @@ def finish(run_dir: Path, seconds: float) -> dict:
         evals = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
         if evals:
             first, last = min(evals, key=lambda e: e["version"]), max(evals, key=lambda e: e["version"])
-            summary.update({"eval_before": first["pass@1"], "eval_after": last["pass@1"],
-                            "version_before": first["version"], "version_after": last["version"]})
+            summary.update({"eval_before": first["pass@1"], "version_before": first["version"]})
+            # An "after" only of weights that trained: without the final evaluation (final_eval: false) the last
+            # one may be the start's.
+            if last["version"] > first["version"]:
+                summary.update({"eval_after": last["pass@1"], "version_after": last["version"]})
     try:
         summary["plot"] = str(plot_run(run_dir))
     except (OSError, ValueError) as exc:
