@@ -9,20 +9,29 @@ Each OpenEnv session is one episode of the environment service, reached over gRP
 row={...})` opens it (both optional: the default environment, an empty row), `step({"message": TEXT})` is one
 assistant turn. OpenEnv's plain HTTP `/reset` and `/step` make a fresh environment per request, so only the
 WebSocket session carries an episode across steps; a step with no episode ends at once with `no_episode`.
+
+The server is a door to the environment service, so it is locked as one (common/http_guard.py): a caller shows the
+environment service's bearer token (`Authorization: Bearer TOKEN`, or `http://user:TOKEN@host:port` as the base URL
+of openenv-core's client), a browser page may call it only from `allowed_origins`, a Host that is not one of this
+server's names is refused (DNS rebinding), a request must arrive whole within `request_deadline_s` and carry at
+most `max_body_bytes`, and a WebSocket session idle for `session_timeout_s` is ended.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 from typing import Any
 
 import grpc
 from pydantic import Field
 
 from zerobubble.common.clients.environment import EnvironmentClient
-from zerobubble.common.config import ClientConfig, Schema, load_config
+from zerobubble.common.config import ClientConfig, Schema, is_loopback, load_config
+from zerobubble.common.http_guard import RequestGuard
 
+log = logging.getLogger(__name__)
 NO_EPISODE = "no_episode"
 # The environment service's refusals as the HTTP statuses a client of OpenEnv's server reads.
 _HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 422, grpc.StatusCode.NOT_FOUND: 404,
@@ -36,6 +45,16 @@ class OpenEnvServerConfig(Schema):
                                       description="the environment service")
     default_environment: str = Field("calculator", description="what a reset that names none opens")
     max_sessions: int = Field(64, gt=0, description="WebSocket sessions (episodes) at once")
+    session_timeout_s: float = Field(300.0, gt=0, description="a WebSocket session with no message for this long "
+                                     "is ended (its episode closed) and its slot freed")
+    request_deadline_s: float = Field(10.0, gt=0, description="a request's head and body must arrive whole within "
+                                      "this; a slower sender gets 408 and is cut")
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="the largest request body or WebSocket message "
+                                "(413 past it)")
+    allowed_origins: list[str] = Field(default_factory=list, description="browser pages (scheme://host:port) that "
+                                       "may call the server; a page from anywhere else is refused")
+    allowed_hosts: list[str] = Field(default_factory=list, description="names this server is reached by besides "
+                                     "the loopback names and its listen address (\"*\": any)")
 
 
 def _classes():
@@ -116,10 +135,14 @@ def create_app(config: OpenEnvServerConfig, client: EnvironmentClient):
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from openenv.core.env_server.http_server import create_fastapi_app
+    from openenv.core.env_server.types import ConcurrencyConfig
+
+    from zerobubble.common.asgi_guard import GuardMiddleware
 
     hosted, action, observation = _classes()
     app = create_fastapi_app(lambda: hosted(client, config.default_environment), action, observation,
-                             max_concurrent_envs=config.max_sessions)
+                             concurrency_config=ConcurrencyConfig(max_concurrent_envs=config.max_sessions,
+                                                                  session_timeout=config.session_timeout_s))
 
     async def invalid(request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own answer echoes the input, which fails to encode when it holds NaN (a 500 instead of a 422).
@@ -128,11 +151,16 @@ def create_app(config: OpenEnvServerConfig, client: EnvironmentClient):
         return JSONResponse({"detail": errors}, status_code=422)
 
     app.add_exception_handler(RequestValidationError, invalid)
+    guard = RequestGuard(config.listen.rsplit(":", 1)[0], config.environment.bearer_token(), config.allowed_hosts,
+                         config.allowed_origins)
+    app.add_middleware(GuardMiddleware, guard=guard, max_body_bytes=config.max_body_bytes)
     return app
 
 
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
+
+    from zerobubble.common.asgi_guard import deadline_protocol
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="a YAML file of OpenEnvServerConfig")
@@ -140,8 +168,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     config = load_config(OpenEnvServerConfig, args.config, args.set)
     host, port = config.listen.rsplit(":", 1)
+    if config.environment.bearer_token() is None and not is_loopback(config.listen):
+        log.warning("%s answers every caller that reaches it: the environment service has no bearer token "
+                    "(environment.auth_token_file or environment.auth_token_env)", config.listen)
     with EnvironmentClient(config.environment) as client:
-        uvicorn.run(create_app(config, client), host=host, port=int(port), log_level="warning")
+        uvicorn.run(create_app(config, client), host=host, port=int(port), log_level="warning",
+                    http=deadline_protocol(config.request_deadline_s), ws_max_size=config.max_body_bytes)
 
 
 if __name__ == "__main__":
