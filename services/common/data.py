@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,22 +25,23 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field, model_validator
 
-from zerobubble.common.config import ConfigError, Schema
+from zerobubble.common.config import ConfigError
+from zerobubble.common.data_spec import (
+    ANSWER_KEYS,
+    DATA_SOURCE_KEYS,
+    HUB_ID,
+    PROMPT_KEYS,
+    TEST_CASES_KEYS,
+    Columns,
+    DataSpec,
+)
 from zerobubble.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
-# Recognised keys, in order of preference: the first one a row has (and is not null) is used.
-PROMPT_KEYS = ("messages", "prompt", "context_messages", "problem")
-ANSWER_KEYS = ("gt_answer", "reward_model.ground_truth", "answer", "solution")
-TEST_CASES_KEYS = ("test_cases",)
-DATA_SOURCE_KEYS = ("data_source", "datasource")
 BATCH_ROWS = 4096
 REPORTED_BAD_ROWS = 20
-# namespace/name without a file suffix: what a hub id looks like, as opposed to a mistyped local path.
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # One encoder for every row: json.dumps with options builds a new one per call.
 _to_json = json.JSONEncoder(ensure_ascii=False).encode
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
@@ -52,39 +52,6 @@ _FOLDER_METADATA = {"dataset_infos.json", "dataset_info.json", "dataset_dict.jso
 
 class DataError(ConfigError):
     """A data set that cannot be used; the message names the file, the row and the field."""
-
-
-class Columns(Schema):
-    """Where a row's fields are. Unset keys are recognised by their names; nested fields are named with dots."""
-
-    prompt_key: str | None = Field(None, description="the prompt: chat messages (a list of {role, content}, or "
-                                   "one) or a string taken as the user's message; null: the first of "
-                                   + ", ".join(PROMPT_KEYS) + " that the row has")
-    answer_key: str | None = Field(None, description="a math row's ground truth (a string or a number); null: "
-                                   + ", ".join(ANSWER_KEYS))
-    test_cases_key: str | None = Field(None, description="a code row's tests, {inputs: [...], outputs: [...]} or "
-                                       "that object as a JSON string; null: test_cases")
-    data_source_key: str | None = Field(None, description="which data set a row comes from (evaluations report "
-                                        "pass@1 per source); null: " + ", ".join(DATA_SOURCE_KEYS))
-    system_prompt: str | None = Field(None, description="put before the prompt's messages when they have no "
-                                      "system message (else the rollout's verifier prompt goes there)")
-
-
-class DataSpec(Schema):
-    """One data set: where it is and how its rows are read. A bare path stands for {path: PATH}."""
-
-    path: Path = Field(description="JSONL, JSON (an array of rows), parquet, or a local Hugging Face datasets folder "
-                       "(save_to_disk's, or data files load_dataset reads); hub ids need a download first")
-    split: str | None = Field(None, description="the split of a folder that has several; null: its only one, or "
-                              "train for training prompts and test for evaluation sets")
-    columns: Columns = Columns()
-    skip_bad_rows: bool = Field(False, description="leave out rows that cannot be used, reporting them in the log, "
-                                "instead of refusing the whole set")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_path(cls, value: Any) -> Any:
-        return {"path": value} if isinstance(value, str | Path) else value
 
 
 @dataclass(frozen=True)

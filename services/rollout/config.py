@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from zerobubble.common.config import ClientConfig, Schema, ServerConfig
-from zerobubble.common.data import DataSpec
+from zerobubble.common.data_spec import DataSpec
 from zerobubble.common.run_spec import RunSpec
 
 

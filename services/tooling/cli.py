@@ -128,6 +128,7 @@ BENCHES = {
     "episodes": ("bench.episodes", "multi-turn episodes vs the same tokens single-turn: the cost of turns"),
     "learning": ("bench.learning", "the demo vs TRL's GRPOTrainer: pass@1 gained per sample and minute"),
     "environment": ("bench.environment", "environment service: open and step latency, steps/s of episodes at once"),
+    "refusals": ("bench.refusals", "seconds for up and serve to refuse bad input at load 4, vs python's start"),
 }
 
 # What the train extra brings: a command that needs one of these on a light install says which extra to add.

@@ -10,7 +10,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from zerobubble.common.data import DataSpec, load_data
+from zerobubble.common.data_spec import DataSpec
 from zerobubble.rollout.prompting import system_prompt
 from zerobubble.tooling.launcher.config import UpConfig
 
@@ -45,6 +45,8 @@ def prepare_assets(config: UpConfig, cache: Path) -> RunAssets:
 
 def _task_rows(config: UpConfig, train: Path, path: Path) -> Path:
     """The user's math rows, in whatever form the buffer reads them, as the task's JSONL that the warm start reads."""
+    from zerobubble.common.data import load_data
+
     data = load_data(DataSpec(path=train, **config.prompts_reading("split", "columns", "skip_bad_rows")),
                      field="buffer.prompts", default_split="train")
     with open(path, "w", encoding="utf-8") as out:

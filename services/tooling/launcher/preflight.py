@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from zerobubble.common.config import ConfigError
-from zerobubble.common.data import HUB_ID, DataError, DataSpec, inspect_data
+from zerobubble.common.data_spec import HUB_ID, DataSpec
 from zerobubble.tooling.launcher.assets import RunAssets
 from zerobubble.tooling.launcher.config import UpConfig, validated
 from zerobubble.tooling.launcher.effective import Setting, derived_settings
@@ -58,10 +58,7 @@ def check_service(service: str, config) -> None:
         if not looks_like_hub_id(path):
             check_model(path, field)
     if service == "buffer":
-        try:
-            inspect_data(config.prompts, field="prompts", default_split="train", seconds=DATA_CHECK_SECONDS)
-        except DataError as exc:
-            raise ConfigError(str(exc)) from None
+        inspect(config.prompts, field="prompts", default_split="train")
 
 
 def looks_like_hub_id(model: Path) -> bool:
@@ -90,13 +87,20 @@ def check_run_data(config: UpConfig) -> None:
         if path is None:
             continue
         spec = validated(DataSpec, {"path": path, **reading}, "buffer.prompts")
-        try:
-            found = inspect_data(spec, field="buffer.prompts", default_split=default_split,
-                                 seconds=DATA_CHECK_SECONDS)
-        except DataError as exc:
-            raise ConfigError(f"{name}: {exc}") from None
+        found = inspect(spec, field="buffer.prompts", default_split=default_split, name=f"{name}: ")
         # Which file, read how: a wrong guess (a column, a format, a split) shows before the run, not after it.
         print(f"{name}: {found.describe()}", flush=True)
+
+
+def inspect(spec: DataSpec, *, field: str, default_split: str, name: str = ""):
+    """The data set's first rows read (all of a small one); a set that cannot be used is a ConfigError."""
+    # Imported here: the reader brings numpy and pyarrow, which a config's mistake need not wait for.
+    from zerobubble.common.data import DataError, inspect_data
+
+    try:
+        return inspect_data(spec, field=field, default_split=default_split, seconds=DATA_CHECK_SECONDS)
+    except DataError as exc:
+        raise ConfigError(f"{name}{exc}") from None
 
 
 def check_services(config: UpConfig) -> dict[str, dict]:
