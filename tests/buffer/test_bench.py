@@ -21,6 +21,14 @@ def test_bench_transport_reports_every_case(tmp_path):
     for case in result["cases"]:
         assert case["groups"] == 10 and case["commits"] == 3
         assert case["groups_per_s"] > 0 and case["socket_mb_per_s"] > 0 and 0 < case["ratio_to_socket"] < 10
+        # The limits beside it: the disk's fsynced rate at the group's size, into a new file and a reused one.
+        disk, ratio = case["disk_fsync_groups_per_s"], case["ratio_to_disk_fsync"]
+        assert set(disk) == set(ratio) == {"new_file", "reused_file"} and min(disk.values()) > 0
+        assert ratio["new_file"] == pytest.approx(case["groups_per_s"] / disk["new_file"], rel=0.01)
+        assert case["socket_groups_per_s"] == pytest.approx(case["socket_mb_per_s"] * 1e6 / case["group_bytes"],
+                                                           rel=0.01)
+        assert set(case["cpu_ms_per_group"]) == {"buffer", "pusher", "puller"}
+        assert case["cpu_ms_per_group"]["buffer"] > 0
         (only,) = case["rounds"]
         assert only["groups_per_s"] == case["groups_per_s"] and only["load_average"] >= 0
     large = result["cases"][-1]
@@ -46,3 +54,9 @@ def test_bench_transport_measures_the_ray_queue_live_in_every_round(tmp_path):
         assert figures["ratio_to_ray_queue"] == round(figures["groups_per_s"] / ray["items_per_s"], 2)
     ratios = [figures["ratio_to_ray_queue"] for figures in large["rounds"]]
     assert large["ratio_to_ray_queue"] == pytest.approx(sum(ratios) / 2), "the median of two is their mean"
+
+
+def test_bench_transport_measures_only_the_cases_asked_for(tmp_path):
+    result = bench_transport(scale=0.001, workdir=tmp_path, commit_every=4, ray_python=tmp_path / "no-ray",
+                             cases=["8x512 tokens"])
+    assert [case["case"] for case in result["cases"]] == ["8x512 tokens"]

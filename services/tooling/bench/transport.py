@@ -99,10 +99,17 @@ def _pull_steps(client: BufferClient, count: int, commit_every: int, alive) -> i
     return commits
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) a process has used so far; it may have exited, not yet reaped."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _stream_through(address: str, shape: tuple[int, int], count: int, commit_every: int,
-                    errors: Path) -> tuple[float, int]:
+                    errors: Path, buffer_pid: int) -> tuple[float, int, dict[str, float]]:
     """Seconds to move `count` groups from a pushing process to this one, pulling and committing a training step
-    at a time; and the commits made."""
+    at a time; the commits made; and the CPU milliseconds per group of the buffer (process `buffer_pid`), the
+    pusher and this puller over that time (which the load of the machine moves far less than the seconds)."""
     with open(errors, "w") as stderr:
         pusher = subprocess.Popen(
             [sys.executable, "-m", "zerobubble.tooling.bench.transport_pusher", address, *map(str, shape), str(count),
@@ -113,12 +120,17 @@ def _stream_through(address: str, shape: tuple[int, int], count: int, commit_eve
         if pusher.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the pusher did not start:\n{errors.read_text()}")
         with client_for(address) as client:
+            cpu = {"buffer": -cpu_seconds(buffer_pid), "pusher": -cpu_seconds(pusher.pid),
+                   "puller": -time.process_time()}
             started = time.perf_counter()
             pusher.stdin.write("go\n")
             pusher.stdin.flush()
             commits = _pull_steps(client, count, commit_every, lambda: pusher.poll() is None)
             elapsed = time.perf_counter() - started
+            cpu["puller"] += time.process_time()
+            cpu["buffer"] += cpu_seconds(buffer_pid)
         report = json.loads(pusher.stdout.readline() or "null")
+        cpu["pusher"] += cpu_seconds(pusher.pid)  # its report is its last act: the rest is its exit
     finally:
         pusher.stdin.close()
         try:
@@ -129,7 +141,7 @@ def _stream_through(address: str, shape: tuple[int, int], count: int, commit_eve
     if report is None or report["stored"] != count:
         raise RuntimeError(f"the pusher stored {report and report['stored']} of {count} groups: "
                            f"{report and report['failures']}\n{errors.read_text()}")
-    return elapsed, commits
+    return elapsed, commits, {name: round(seconds / count * 1000, 2) for name, seconds in cpu.items()}
 
 
 def ray_queue(python: Path, shape: tuple[int, int], count: int) -> dict[str, Any]:
@@ -148,12 +160,13 @@ def ray_queue(python: Path, shape: tuple[int, int], count: int) -> dict[str, Any
 
 
 def _through_buffer(folder: Path, shape: tuple[int, int], count: int, fsync: str,
-                    commit_every: int) -> tuple[float, int]:
-    """Seconds for `count` groups through a fresh buffer process with its log in `folder`, and the commits made."""
+                    commit_every: int) -> tuple[float, int, dict[str, float]]:
+    """Seconds for `count` groups through a fresh buffer process with its log in `folder`, the commits made, and
+    CPU milliseconds per group by process."""
     folder.mkdir()
     buffer = BufferProcess(folder, count + 50, fsync)
     try:
-        return _stream_through(buffer.address, shape, count, commit_every, folder / "pusher.log")
+        return _stream_through(buffer.address, shape, count, commit_every, folder / "pusher.log", buffer.process.pid)
     finally:
         buffer.close()
 
@@ -166,7 +179,8 @@ def _round(folder: Path, shape: tuple[int, int], count: int, size: int, fsync: s
     ray: dict[str, Any] = {}
     if ray_python is not None and ray_first:
         ray = ray_queue(ray_python, shape, count)
-    seconds, figures["commits"] = _through_buffer(folder, shape, count, fsync, commit_every)
+    seconds, figures["commits"], figures["cpu_ms_per_group"] = _through_buffer(folder, shape, count, fsync,
+                                                                              commit_every)
     if ray_python is not None and not ray:
         ray = ray_queue(ray_python, shape, count)
     limit = socket_throughput(count * size, size)
@@ -216,7 +230,7 @@ def bench_transport(*, scale: float = 1.0, fsync: str = "interval", workdir: Pat
                         "ratio_to_ray_queue"):
                 if all(key in figures for figures in per_round):
                     case[key] = statistics.median(figures[key] for figures in per_round)
-            for key in ("disk_fsync_groups_per_s", "ratio_to_disk_fsync"):
+            for key in ("cpu_ms_per_group", "disk_fsync_groups_per_s", "ratio_to_disk_fsync"):
                 case[key] = {name: statistics.median(figures[key][name] for figures in per_round)
                              for name in per_round[0][key]}
             if size > MIB:
