@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,26 @@ from zerobubble.tooling.launcher.tether import Tether
 
 class ServiceFailed(RuntimeError):
     """A service process could not start or died when it should not have."""
+
+
+# A line that starts the account of a failure: a traceback, a logged error, the command's own refusal.
+ERROR_LINE = re.compile(r"^(Traceback \(most recent call last\)|zerobubble: )|\b(ERROR|CRITICAL|FATAL)\b|Error: ")
+EXCERPT_LINES = 15
+
+
+def first_error_lines(text: str, most: int = EXCERPT_LINES) -> list[str]:
+    """The log's first error and what follows it (a traceback to its exception line, kept whole when it fits), or
+    its last lines when none looks like an error."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if ERROR_LINE.search(line)), max(0, len(lines) - most))
+    if not lines[start:]:
+        return []
+    if lines[start].startswith("Traceback"):
+        # A traceback ends at its first unindented line, the exception: that line is what must show.
+        end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines) - 1)
+        block = lines[start:end + 1]
+        return block if len(block) <= most else [block[0], "    ...", *block[-(most - 2):]]
+    return lines[start:start + most]
 
 
 class ServiceProcess:
@@ -40,9 +61,12 @@ class ServiceProcess:
         self.address = ""
         self.metrics_port: int | None = None
         self.process: subprocess.Popen | None = None
+        self.log_offset = 0
 
     def start(self, timeout: float, extra: Sequence[str] = ()) -> ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Where this start's output begins in the log (restarts and retries append to it).
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.ready_path.unlink(missing_ok=True)
         serve_args = ["--config", str(self.config_path), *extra]
         command = (agent_command(self.processes, serve_args) if self.processes > 1
@@ -73,15 +97,15 @@ class ServiceProcess:
                 ready = read_announcement(self.ready_path)
             except ValueError as exc:
                 self.kill()
-                raise ServiceFailed(f"{self.name} announced no address ({exc}); see {self.log_path}") from None
+                raise ServiceFailed(f"{self.name} announced no address ({exc}){self.log_excerpt()}") from None
             if ready is not None:
                 return ready
             code = self.exit_code
             if code is not None:
-                raise ServiceFailed(f"{self.name} exited with code {code} before serving; see {self.log_path}")
+                raise ServiceFailed(f"{self.name} exited with code {code} before serving{self.log_excerpt()}")
             if time.monotonic() > deadline:
                 self.kill()
-                raise ServiceFailed(f"{self.name} did not start within {timeout:.0f} s; see {self.log_path}")
+                raise ServiceFailed(f"{self.name} did not start within {timeout:.0f} s{self.log_excerpt()}")
             time.sleep(0.05)
 
     def wait_healthy(self, timeout: float) -> None:
@@ -100,9 +124,22 @@ class ServiceProcess:
                 except grpc.RpcError:
                     pass
                 if self.exit_code is not None or time.monotonic() > deadline:
-                    raise ServiceFailed(f"{self.name} is not healthy (exit code {self.exit_code}); see "
-                                        f"{self.log_path}")
+                    raise ServiceFailed(f"{self.name} is not healthy (exit code {self.exit_code})"
+                                        f"{self.log_excerpt()}")
                 time.sleep(0.2)
+
+    def log_excerpt(self) -> str:
+        """What this start wrote to the log that says why it failed, for the console, and where the rest is."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_offset)
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return f"; no log at {self.log_path}"
+        lines = first_error_lines(text)
+        if not lines:
+            return f"; its log ({self.log_path}) is empty"
+        return f"; its log ({self.log_path}) says:\n" + "\n".join(f"    {line}" for line in lines)
 
     @property
     def exit_code(self) -> int | None:

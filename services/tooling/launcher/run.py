@@ -31,7 +31,7 @@ from zerobubble.tooling.launcher.failures import FAILURE_LOG, EnvironmentsFailed
 from zerobubble.tooling.launcher.processes import ServiceFailed, ServiceProcess
 from zerobubble.tooling.launcher.progress import ProgressLine, last_row
 from zerobubble.tooling.launcher.ready import read_announcement
-from zerobubble.tooling.launcher.run_folder import SUMMARY_FILE
+from zerobubble.tooling.launcher.run_folder import SUMMARY_FILE, forget_failed_start
 from zerobubble.tooling.launcher.run_folder import clear as clear_run_folder
 from zerobubble.tooling.launcher.supervisor import Supervisor
 from zerobubble.tooling.launcher.tether import RunFolderBusy, Tether
@@ -304,9 +304,11 @@ def up(config: UpConfig, *, resume: bool = False, overwrite: bool = False, cache
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
     progress = ProgressLine(config.run_dir)
+    launched = False
     try:
         assets = prepare_assets(config, cache or config.run_dir.parent / ".assets")
         trainer = run.launch(assets)
+        launched = True
         for line in run.endpoints():
             print(line, flush=True)
         progress.waiting_for = run.waiting_for()
@@ -327,6 +329,9 @@ def up(config: UpConfig, *, resume: bool = False, overwrite: bool = False, cache
         progress.close()
         print(f"zerobubble up: {exc}", flush=True)
         run.stop_all()
+        if not launched and not resume and forget_failed_start(config.run_dir):
+            print(f"zerobubble up: the run did not start; {config.run_dir} is free for the next try (its logs "
+                  "stay)", flush=True)
         return 1
     finally:
         for sig, handler in previous.items():

@@ -16,10 +16,12 @@ CONFIG = Path("configs") / "up.yaml"
 # Everything a run writes into its folder (up.lock stays: the launcher that replaces a run holds it).
 SUMMARY_FILE = "summary.json"
 RUN_ENTRIES = ("configs", "logs", "eval", "trainer", "buffer-wal", "plot.png", SUMMARY_FILE)
+# Logs alone are no run: a start that failed leaves them for the user to read, and the next try appends to them.
+LOGS = "logs"
 
 
 def holds_run(run_dir: Path) -> bool:
-    return any((run_dir / entry).exists() for entry in RUN_ENTRIES)
+    return any((run_dir / entry).exists() for entry in RUN_ENTRIES if entry != LOGS)
 
 
 def check_fresh(config: UpConfig, *, overwrite: bool) -> None:
@@ -32,14 +34,25 @@ def check_fresh(config: UpConfig, *, overwrite: bool) -> None:
                       f"one in a fresh folder (--set run_dir=NEW_FOLDER), or replace it with --overwrite")
 
 
-def clear(run_dir: Path) -> None:
-    """What an earlier run left in `run_dir`, for `--overwrite` (called with the folder held)."""
+def clear(run_dir: Path, keep: tuple[str, ...] = ()) -> None:
+    """What an earlier run left in `run_dir`, for `--overwrite` (called with the folder held), but `keep`."""
     for entry in RUN_ENTRIES:
+        if entry in keep:
+            continue
         path = run_dir / entry
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
+
+
+def forget_failed_start(run_dir: Path) -> bool:
+    """After a new run's start failed: unless a step was trained, what it wrote goes but its logs, so that trying
+    again needs no --overwrite. Whether the folder is free."""
+    if (run_dir / "trainer" / "metrics.jsonl").exists() or steps_done(run_dir):
+        return False
+    clear(run_dir, keep=(LOGS,))
+    return True
 
 
 def saved_config(run_dir: Path) -> Path:
