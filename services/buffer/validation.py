@@ -60,6 +60,15 @@ def _check_loss_mask(array: common_pb2.Array, tokens: int, where: str) -> None:
         raise InvalidInput("no token is the model's (every value is 0)", field=field)
 
 
+def _check_support(array: common_pb2.Array, tokens: int, vocab_size: int | None, where: str) -> None:
+    """One count of kept tokens per response token, 0 (the whole vocabulary) to the vocabulary size."""
+    field = f"{where}.sampling_support"
+    kept = decode_array(array, field, dtype="int32", ndim=1)
+    top = np.iinfo(np.int32).max if vocab_size is None else vocab_size
+    if len(kept) != tokens or kept.min(initial=0) < 0 or kept.max(initial=0) > top:
+        raise InvalidInput(f"must hold one count per token ({tokens}), each from 0 to {top}", field=field)
+
+
 def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServiceConfig, *,
                 policy_version: int) -> None:
     """Refuse a malformed group of `size` serialized bytes: InvalidInput, or TooLarge over a configured limit.
@@ -110,6 +119,8 @@ def check_group(group: common_pb2.ExperienceGroup, size: int, config: BufferServ
                                field=f"{where}.policy_version")
         if trajectory.HasField("loss_mask"):
             _check_loss_mask(trajectory.loss_mask, len(tokens), where)
+        if trajectory.HasField("sampling_support"):
+            _check_support(trajectory.sampling_support, len(tokens), spec.model.vocab_size, where)
         check_spans(trajectory.version_spans, len(tokens), trajectory.policy_version, newest, where)
         # Each array in place, where it lies: gathering them into one first copied every byte of the group.
         if problem := _ids_problem(tokens, spec.model.vocab_size):

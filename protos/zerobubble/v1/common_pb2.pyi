@@ -75,7 +75,7 @@ class Prompt(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., epoch: _Optional[int] = ..., messages_json: _Optional[str] = ..., gt_answer: _Optional[str] = ..., test_cases: _Optional[_Union[TestCases, _Mapping]] = ..., data_source: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("response_ids", "behaviour_logprobs", "finish_reason", "reward", "format_ok", "answer_ok", "policy_version", "temperature", "response_text", "loss_mask", "version_spans", "episode")
+    __slots__ = ("response_ids", "behaviour_logprobs", "finish_reason", "reward", "format_ok", "answer_ok", "policy_version", "temperature", "response_text", "loss_mask", "version_spans", "episode", "sampling_support")
     RESPONSE_IDS_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOUR_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class Trajectory(_message.Message):
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
     EPISODE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_SUPPORT_FIELD_NUMBER: _ClassVar[int]
     response_ids: Array
     behaviour_logprobs: Array
     finish_reason: FinishReason
@@ -100,7 +101,8 @@ class Trajectory(_message.Message):
     loss_mask: Array
     version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
     episode: EpisodeInfo
-    def __init__(self, response_ids: _Optional[_Union[Array, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[Array, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., format_ok: bool = ..., answer_ok: bool = ..., policy_version: _Optional[int] = ..., temperature: _Optional[float] = ..., response_text: _Optional[str] = ..., loss_mask: _Optional[_Union[Array, _Mapping]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., episode: _Optional[_Union[EpisodeInfo, _Mapping]] = ...) -> None: ...
+    sampling_support: Array
+    def __init__(self, response_ids: _Optional[_Union[Array, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[Array, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., format_ok: bool = ..., answer_ok: bool = ..., policy_version: _Optional[int] = ..., temperature: _Optional[float] = ..., response_text: _Optional[str] = ..., loss_mask: _Optional[_Union[Array, _Mapping]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., episode: _Optional[_Union[EpisodeInfo, _Mapping]] = ..., sampling_support: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
 
 class VersionSpan(_message.Message):
     __slots__ = ("start", "version")
