@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from zerobubble.environment.config import McpServerConfig
+
+# A stdio server's command naming one of these runs on the service's interpreter.
+PYTHON_NAMES = frozenset({"python", "python3"})
 
 
 class McpToolError(RuntimeError):
@@ -28,6 +32,9 @@ def _client(server: McpServerConfig):
     if server.url is not None:
         return Client(server.url)
     command, *args = server.command
+    if command in PYTHON_NAMES:
+        # The service's own interpreter, which has `mcp` (and the user's packages), not the first on PATH.
+        command = sys.executable
     return Client(StdioServerParameters(command=command, args=args, env=server.env or None))
 
 
