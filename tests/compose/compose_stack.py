@@ -3,6 +3,7 @@ bases where no registry answers), a compose project of its own, and reads of its
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -116,6 +117,23 @@ def build_images(torch_wheels: Path | None) -> dict[str, float]:
                     "-t", PROMETHEUS_IMAGE, str(HERE)], timeout=1200)
     seconds["prometheus"] = time.monotonic() - started
     return seconds
+
+
+@contextmanager
+def sandbox_cgroups(project: str) -> Iterator[dict[str, str]]:
+    """The code sandbox's memory cgroups of this project alone, for the reward and the environment service (each
+    container is pid 1 and names its cgroups by pid): the variables docker-compose.yml reads, and their removal."""
+    v1 = Path("/sys/fs/cgroup/memory").is_dir()
+    root = Path("/sys/fs/cgroup/memory" if v1 else "/sys/fs/cgroup")
+    cgroups = {"ZB_SANDBOX_CGROUP": root / f"zerobubble-sandbox-{project}",
+               "ZB_ENVIRONMENT_SANDBOX_CGROUP": root / f"zerobubble-environment-sandbox-{project}"}
+    try:
+        yield {"ZB_SANDBOX_CGROUP_MOUNT": str(root), **{key: str(path) for key, path in cgroups.items()}}
+    finally:
+        for cgroup in cgroups.values():
+            for folder in sorted((p for p in cgroup.glob("**/") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # a cgroup goes with rmdir once it has no processes and no child
 
 
 class Stack:
