@@ -6,7 +6,6 @@ breaks the build, naming the page."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 from pathlib import Path
@@ -22,11 +21,11 @@ _KEY = re.compile(r"^([a-z_]+(?:\[\])?(?:\.(?:[a-z_0-9]+|NAME)(?:\[\])?)+)(?:[ =
 
 
 def _schemas():
-    from zerobubble.tooling.launcher.config import UpConfig
+    # The schemas `up` checks its service sections against (each service's CONFIG_SCHEMA), read from the config
+    # modules: the services' app modules import torch, seconds of every build.
+    from zerobubble.tooling.launcher.config import UpConfig, _service_schemas
 
-    services = {name: importlib.import_module(f"zerobubble.{name}.app").CONFIG_SCHEMA
-                for name in ("reward", "buffer", "rollout", "trainer", "environment")}
-    return UpConfig, services
+    return UpConfig, {name: schema for name, (schema, _) in _service_schemas().items()}
 
 
 def _resolves(schema, parts: list[str]) -> bool:

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-MKDOCS = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
+from docs_build import ROOT, build
 
 
 def load_checks():
@@ -20,18 +14,6 @@ def load_checks():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def build(config: Path, site: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([MKDOCS, "build", "--strict", "-f", str(config), "-d", str(site)], cwd=config.parent,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-
-
-@pytest.fixture
-def mkdocs():
-    if MKDOCS is None:
-        pytest.skip("mkdocs is not installed beside this Python (the dev extra brings it: `make install`)")
-    return MKDOCS
 
 
 # A whole build takes about a minute: `make test` runs these (and `make docs`), the fast lane leaves them out.
