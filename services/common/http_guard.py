@@ -106,6 +106,7 @@ class GuardedRequestHandler(BaseHTTPRequestHandler):
 
     guard: RequestGuard | None = None
     request_deadline_s: float = 10.0
+    deadline_setting = "request_deadline_s"  # the setting a 408 names
     max_body_bytes: int = 1024 * 1024
     body: bytes = b""
 
@@ -146,7 +147,8 @@ class GuardedRequestHandler(BaseHTTPRequestHandler):
         return False
 
     def _read_body(self) -> Refusal | None:
-        late = Refusal(408, "request", f"the request did not arrive whole within {self.request_deadline_s:g} s")
+        late = Refusal(408, "request", f"the request did not arrive whole within {self.deadline_setting}="
+                                       f"{self.request_deadline_s:g} s")
         if self._late:
             return late
         if self.guard is not None and (refusal := self.guard.check(self.headers.get)):

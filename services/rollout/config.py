@@ -96,7 +96,10 @@ class OpenAIEndpointConfig(Schema):
     max_calls_per_session: int = Field(32, gt=0)
     session_idle_s: float = Field(600.0, gt=0, description="a session with no call for this long is dropped")
     max_body_bytes: int = Field(1024 * 1024, gt=0)
-    io_timeout_s: float = Field(10.0, gt=0, description="reading a request (a slow sender is cut)")
+    io_timeout_s: float = Field(10.0, gt=0, description="a request's head and body arrive whole within this (a slow "
+                                "sender gets 408 and is cut)")
+    group_ground_truth: bool = Field(True, description="POST /v1/groups answers the row with its ground_truth, for "
+                                     "an agent that scores its own sessions (false: hidden)")
     exclusive: bool = Field(False, description="the worker leases and generates nothing itself: prompts reach the "
                             "model only as the endpoint's groups (POST /v1/groups), as when an outside agent trains")
 

@@ -12,18 +12,19 @@ as a group (`POST /v1/groups`) are pushed to the buffer as one training group wh
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
+import math
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import grpc
 
+from zerobubble.common.http_guard import GuardedRequestHandler, RequestGuard
 from zerobubble.rollout.config import OpenAIEndpointConfig
 from zerobubble.rollout.engine import SamplingError, SamplingSettings
 from zerobubble.rollout.openai_groups import Group, GroupPusher, row_of
@@ -31,6 +32,8 @@ from zerobubble.rollout.openai_groups import Group, GroupPusher, row_of
 log = logging.getLogger(__name__)
 _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "n",
                 "stream", "tools", "tool_choice", "seed", "user"}
+MAX_STOP = 4  # as OpenAI's API
+SEED_RANGE = range(0, 2**63)  # what every engine's generator takes
 
 
 def _why(exc: Exception) -> str:
@@ -41,9 +44,11 @@ def _why(exc: Exception) -> str:
 
 
 class Refused(Exception):
-    def __init__(self, status: int, field: str, message: str):
+    """A refusal as the answer's status, its error's `param` (the field) and, for a state an agent acts on, `code`."""
+
+    def __init__(self, status: int, field: str, message: str, code: str | None = None):
         super().__init__(message)
-        self.status, self.field = status, field
+        self.status, self.field, self.code = status, field, code
 
 
 @dataclass
@@ -62,6 +67,7 @@ class Session:
     calls: list[Call] = field(default_factory=list)
     last_used: float = field(default_factory=time.monotonic)
     group_id: str | None = None
+    running: int = 0  # calls admitted and not yet recorded: they count against max_calls_per_session
 
 
 def stitch(calls: list[Call]) -> list[dict]:
@@ -91,13 +97,14 @@ class OpenAIEndpoint:
         self.config = config
         self.worker = worker
         self.max_new_tokens = max_new_tokens
-        self._expected = f"Bearer {token}" if token else None
+        host = config.listen.rsplit(":", 1)[0]
+        # The endpoint's lock is the service's token; agents reach it by any name, from any page that holds it.
+        self.guard = RequestGuard(host, token, allowed_hosts=("*",), allowed_origins=("*",))
         self._sessions: dict[str, Session] = {}
         self._groups: dict[str, Group] = {}
         self.pusher = GroupPusher(worker)
         self._lock = threading.Lock()
-        host, port = config.listen.rsplit(":", 1)
-        self._server = ThreadingHTTPServer((host, int(port)), _handler(self))
+        self._server = ThreadingHTTPServer((host, int(config.listen.rsplit(":", 1)[1])), _handler(self))
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="openai-endpoint", daemon=True)
@@ -111,9 +118,6 @@ class OpenAIEndpoint:
         self._server.server_close()
 
     # -- requests --------------------------------------------------------------------------------------
-    def authorized(self, header: str | None) -> bool:
-        return self._expected is None or hmac.compare_digest((header or "").encode(), self._expected.encode())
-
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.config.model_name, "object": "model", "created": 0,
                                             "owned_by": "zerobubble"}]}
@@ -143,13 +147,17 @@ class OpenAIEndpoint:
         except Exception as exc:  # noqa: BLE001 - the buffer stayed away past its retries
             raise Refused(503, "groups", f"no prompt could be leased, the buffer did not answer ({_why(exc)}); "
                                          "ask again later") from None
+        # States an agent stops on are 410 with the state as the error's code; 429 means "ask again".
         if lease.end_of_data:
-            raise Refused(410, "groups", "the data is finished: no more prompts will come")
+            raise Refused(410, "groups", "the data is finished: no more prompts will come", "data_finished")
+        if lease.training_finished and not lease.prompts:
+            raise Refused(410, "groups", "training has finished: the trainer made its last step, so no group will "
+                                         "be trained on", "training_finished")
         if not lease.prompts:
             raise Refused(429, "groups", "no prompt can be leased now (the buffer is full or training has "
                                          "finished); ask again later")
         group_id = uuid.uuid4().hex
-        row = row_of(lease.prompts[0])
+        row = row_of(lease.prompts[0], ground_truth=self.config.group_ground_truth)
         sessions = [uuid.uuid4().hex for _ in range(size)]
         with self._lock:
             self._groups[group_id] = Group(lease, sessions)
@@ -165,8 +173,8 @@ class OpenAIEndpoint:
         if session is None:
             raise Refused(404, "session_id", f"no open session {session_id!r}")
         if (reward is not None or session.group_id is None) and (
-                isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward):
-            raise Refused(400, "reward", "reward: must be a number" + (" or null (the row's verifier scores the "
+                isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)):
+            raise Refused(400, "reward", "reward: must be a finite number" + (" or null (the row's verifier scores the "
                                                                        "final answer)" if session.group_id else ""))
         reward = None if reward is None else float(reward)
         if session.group_id is not None and not session.calls:
@@ -203,18 +211,26 @@ class OpenAIEndpoint:
             session = self._sessions.get(session_id)
             if session is None:
                 raise Refused(404, "session_id", f"no open session {session_id!r}")
-            if len(session.calls) >= self.config.max_calls_per_session:
-                raise Refused(429, "session_id", f"the session made its {self.config.max_calls_per_session} "
-                                                 "calls already (max_calls_per_session)")
             session.last_used = time.monotonic()
-        prompt_ids, sampling = self._request(body)
-        samples, version = self.worker.generate([prompt_ids], sampling)
-        sample = samples[0][0]
-        completion = [int(token) for token in sample.token_ids]
-        logprobs = [float(value) for value in sample.logprobs]
+        prompt_ids, sampling = self._request(body)  # refused here, before the engine is waited for
         with self._lock:
-            session.calls.append(Call(prompt_ids, completion, logprobs, version, sample.finish_reason,
-                                      sampling.temperature))
+            # The slot is taken before generating, so that concurrent calls cannot all pass the check.
+            if len(session.calls) + session.running >= self.config.max_calls_per_session:
+                raise Refused(429, "session_id", f"the session made or is making its "
+                                                 f"{self.config.max_calls_per_session} calls already "
+                                                 "(max_calls_per_session)")
+            session.running += 1
+        try:
+            samples, version = self.worker.generate([prompt_ids], sampling)
+            sample = samples[0][0]
+            completion = [int(token) for token in sample.token_ids]
+            logprobs = [float(value) for value in sample.logprobs]
+            with self._lock:
+                session.calls.append(Call(prompt_ids, completion, logprobs, version, sample.finish_reason,
+                                          sampling.temperature))
+        finally:
+            with self._lock:
+                session.running -= 1
         text = self.worker.engine.tokenizer.decode(completion, skip_special_tokens=True)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.config.model_name,
@@ -246,16 +262,12 @@ class OpenAIEndpoint:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 0 < max_tokens <= \
                 self.max_new_tokens:
             raise Refused(400, name, f"{name}: an integer from 1 to {self.max_new_tokens} (run_spec.max_new_tokens)")
-        stop = body.get("stop") or ()
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
         try:
-            sampling = SamplingSettings(n=1, temperature=float(body.get("temperature", 1.0)),
-                                        top_p=float(body.get("top_p", 1.0)), max_new_tokens=max_tokens, stop=stop,
-                                        seed=body.get("seed"))
+            sampling = SamplingSettings(n=1, temperature=_number(body, "temperature"), top_p=_number(body, "top_p"),
+                                        max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
+                                        seed=_seed(body.get("seed")))
         except SamplingError as exc:
             raise Refused(400, exc.field, str(exc)) from None
-        except (TypeError, ValueError) as exc:
-            raise Refused(400, "temperature", f"a sampling field is not a number: {exc}") from None
         builder = self.worker.prompts
         try:
             ids = builder.render(messages, tools)
@@ -283,9 +295,35 @@ class OpenAIEndpoint:
                                  daemon=True).start()
 
 
-def _handler(endpoint: OpenAIEndpoint) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        timeout = endpoint.config.io_timeout_s
+def _number(body: dict, name: str) -> float:
+    value = body.get(name, 1.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise Refused(400, name, f"{name}: must be a finite number")
+    return float(value)
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
+        raise Refused(400, "stop", f"stop: a string or a list of at most {MAX_STOP} strings")
+    return tuple(stop)
+
+
+def _seed(seed: Any) -> int | None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed not in SEED_RANGE):
+        raise Refused(400, "seed", "seed: an integer from 0 to 2**63 - 1")
+    return seed
+
+
+def _handler(endpoint: OpenAIEndpoint) -> type[GuardedRequestHandler]:
+    class Handler(GuardedRequestHandler):
+        # A request arrives whole within io_timeout_s (head and body together), and no read waits longer.
+        timeout = request_deadline_s = endpoint.config.io_timeout_s
+        deadline_setting = "io_timeout_s"
+        max_body_bytes = endpoint.config.max_body_bytes
+        guard = endpoint.guard
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
             log.debug(format, *args)
@@ -298,14 +336,11 @@ def _handler(endpoint: OpenAIEndpoint) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _refuse(self, status: int, field: str, message: str) -> None:
+        def refuse(self, status: int, field: str, message: str, code: str | None = None) -> None:
             self._answer(status, {"error": {"message": message, "type": "invalid_request_error", "param": field,
-                                            "code": None}})
+                                            "code": code}})
 
         def _route(self, method: str) -> None:
-            if not endpoint.authorized(self.headers.get("Authorization")):
-                self._refuse(401, "Authorization", "missing or wrong bearer token")
-                return
             parts = [part for part in self.path.split("?")[0].split("/") if part]
             try:
                 if method == "GET" and (parts == ["v1", "models"] or parts[:1] == ["sessions"]
@@ -326,25 +361,14 @@ def _handler(endpoint: OpenAIEndpoint) -> type[BaseHTTPRequestHandler]:
                 else:
                     raise Refused(404, "path", f"no route POST {self.path}")
             except Refused as refused:
-                self._refuse(refused.status, refused.field, str(refused))
+                self.refuse(refused.status, refused.field, str(refused), refused.code)
             except Exception:
                 log.exception("OpenAI endpoint: %s %s failed", method, self.path)
-                self._refuse(500, "", "internal error; see the service's log")
+                self.refuse(500, "", "internal error; see the service's log")
 
         def _body(self) -> dict:
             try:
-                length = int(self.headers.get("Content-Length", "0"))
-            except ValueError:
-                raise Refused(400, "Content-Length", "Content-Length: not a number") from None
-            if not 0 <= length <= endpoint.config.max_body_bytes:
-                raise Refused(413, "body", f"the body is over max_body_bytes={endpoint.config.max_body_bytes}")
-            try:
-                data = self.rfile.read(length)
-            except TimeoutError:
-                raise Refused(408, "body", f"the body did not arrive within io_timeout_s="
-                                           f"{endpoint.config.io_timeout_s:g}") from None
-            try:
-                body = json.loads(data or b"{}")
+                body = json.loads(self.body or b"{}")
             except (ValueError, RecursionError):
                 raise Refused(400, "body", "the body is not JSON") from None
             if not isinstance(body, dict):

@@ -12,7 +12,6 @@ prompt back to the buffer at once, pushing nothing; a lease never given back exp
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
@@ -22,6 +21,7 @@ import numpy as np
 
 from zerobubble.common.persistence import Stopped
 from zerobubble.rollout.engine import Sample
+from zerobubble.rollout.episodes.driver import row_of as episode_row
 from zerobubble.rollout.experience import experience_group
 from zerobubble.v1 import buffer_pb2, common_pb2, reward_pb2
 
@@ -65,11 +65,12 @@ def trajectory_sample(chain: dict, prefix_length: int, text: str) -> Sample:
                   loss_mask=np.asarray([0] * len(head) + chain["loss_mask"], dtype=np.uint8))
 
 
-def row_of(prompt: common_pb2.Prompt) -> dict:
-    """What the caller's agent needs of the leased row: its id and its messages (not its ground truth)."""
-    row = {"prompt_id": prompt.prompt_id, "messages": json.loads(prompt.messages_json or "[]")}
-    if prompt.HasField("data_source"):
-        row["data_source"] = prompt.data_source
+def row_of(prompt: common_pb2.Prompt, ground_truth: bool = True) -> dict:
+    """What the caller's agent needs of the leased row: as an environment's reset sees it (its id, messages, data
+    source and ground truth, to score with), without the ground truth when `ground_truth` is off."""
+    row = episode_row(prompt)
+    if not ground_truth:
+        del row["ground_truth"]
     return row
 
 

@@ -20,6 +20,7 @@ from zerobubble.rollout.openai_endpoint import Call, stitch
 
 TOKEN = "s3cret-token"
 MAX_NEW_TOKENS = 6
+MAX_CALLS = 3
 
 
 def free_port() -> int:
@@ -41,7 +42,7 @@ def endpoint(tmp_path_factory, monkeypatch_module):
         "worker_id": "openai", "model.path": str(model), "trainer": None, "buffer.address": buffer.address,
         # A reward service that never answers: the worker's loop waits after its first batch.
         "reward_service.address": f"127.0.0.1:{free_port()}", "reward_service.retry_seconds": 3600,
-        "openai.enabled": True, "openai.max_sessions": 2})
+        "openai.enabled": True, "openai.max_sessions": 2, "openai.max_calls_per_session": MAX_CALLS})
     host = build(config).start()
     yield f"http://127.0.0.1:{host.openai.port}"
     host.stop(0.5)
@@ -121,6 +122,14 @@ def test_calls_that_extend_each_other_form_one_sample_and_one_that_does_not_fork
     ({"stream": True}, "stream"),
     ({"temperature": -1}, "temperature"),
     ({"messages": "hi"}, "messages"),
+    ({"stop": 5}, "stop"),
+    ({"stop": [1, 2]}, "stop"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"seed": "x"}, "seed"),
+    ({"seed": 2 ** 70}, "seed"),
+    ({"seed": -1}, "seed"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"top_p": None}, "top_p"),
 ])
 def test_bad_requests_are_refused_naming_the_field(endpoint, extra, field):
     status, opened = post(f"{endpoint}/v1/sessions", {})
@@ -128,6 +137,36 @@ def test_bad_requests_are_refused_naming_the_field(endpoint, extra, field):
     status, refused = post(f"{endpoint}{opened['base_url']}/chat/completions", body)
     assert status == 400 and refused["error"]["param"] == field, refused
     post(f"{endpoint}/v1/sessions/{opened['session_id']}/close", {"reward": 0})
+
+
+def test_a_reward_that_is_not_a_finite_number_is_refused_and_the_session_stays_open(endpoint):
+    status, opened = post(f"{endpoint}/v1/sessions", {})
+    close = f"{endpoint}/v1/sessions/{opened['session_id']}/close"
+    for raw in (b'{"reward": 1e309}', b'{"reward": NaN}', b'{"reward": -Infinity}'):
+        request = urllib.request.Request(close, data=raw, headers={"Authorization": f"Bearer {TOKEN}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 400 and json.loads(refused.value.read())["error"]["param"] == "reward"
+    status, closed = post(close, {"reward": 0.25})
+    assert status == 200 and closed["reward"] == 0.25
+
+
+def test_concurrent_calls_on_a_session_pass_its_call_limit_never(endpoint):
+    """8 calls at once on a session allowed 3: at most 3 are answered and recorded, the others refused with 429."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    status, opened = post(f"{endpoint}/v1/sessions", {})
+    body = {"messages": [{"role": "user", "content": "Count."}], "max_tokens": MAX_NEW_TOKENS}
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: post(f"{endpoint}{opened['base_url']}/chat/completions", body), range(8)))
+    statuses = sorted(status for status, _ in answers)
+    assert statuses.count(200) == MAX_CALLS and set(statuses) == {200, 429}, statuses
+    assert all(answer["error"]["param"] == "session_id" for status, answer in answers if status == 429)
+    status, closed = post(f"{endpoint}/v1/sessions/{opened['session_id']}/close", {"reward": 0})
+    recorded = sum(mask.count(1) > 0 for sample in closed["samples"] for mask in [sample["loss_mask"]])
+    assert status == 200 and 1 <= recorded <= MAX_CALLS
+    completions = sum(len(answer["completion_token_ids"]) for status, answer in answers if status == 200)
+    assert sum(sum(sample["loss_mask"]) for sample in closed["samples"]) == completions
 
 
 def test_the_token_sessions_and_their_limit_are_enforced(endpoint):

@@ -57,7 +57,11 @@ def stack(tmp_path_factory):
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+    return post_raw(url, json.dumps(body).encode())
+
+
+def post_raw(url: str, data: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=data, headers={
         "Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
     try:
         with urllib.request.urlopen(request, timeout=120) as reply:
@@ -87,9 +91,16 @@ def test_a_groups_sessions_are_pushed_as_one_group_with_the_tokens_the_client_re
     endpoint, buffer, host = stack
     status, group = post(f"{endpoint}/v1/groups", {})
     assert status == 200 and len(group["sessions"]) == 2, group
-    assert group["row"]["messages"] and "gt_answer" not in group["row"]
+    # The row as an environment's reset sees it: the agent can score its own sessions with the ground truth.
+    row = group["row"]
+    assert row["messages"] and row["ground_truth"] and set(row) == {"prompt_id", "messages", "ground_truth",
+                                                                    "data_source"}, row
     received = [run_agent(endpoint, base_url, group["row"]["messages"], calls)
                 for base_url, calls in zip(group["base_urls"], (3, 2), strict=True)]
+    # A reward that is not a finite number is refused naming it, and the session stays open (nothing lost).
+    for raw in (b'{"reward": 1e309}', b'{"reward": -1e400}', b'{"reward": NaN}', b'{"reward": Infinity}'):
+        status, refused = post_raw(f"{endpoint}/v1/sessions/{group['sessions'][0]}/close", raw)
+        assert status == 400 and refused["error"]["param"] == "reward", (raw, refused)
     status, first = post(f"{endpoint}/v1/sessions/{group['sessions'][0]}/close", {"reward": 1.0})
     assert status == 200 and "group" not in first and buffer.stats()["groups_in"] == 0
     # The second closes without a reward: the arithmetic verifier judges its last answer.
@@ -206,3 +217,23 @@ def test_a_chains_prompt_past_the_groups_prefix_is_masked_and_takes_the_next_sam
     assert sample.loss_mask.tolist() == [0, 1, 1, 0, 1]
     assert sample.logprobs.tolist() == pytest.approx([0.0, -0.1, -0.2, 0.0, -0.3])
     assert sample.versions.tolist() == [7, 7, 7, 7, 8] and sample.finish_reason == "length"
+
+
+def test_a_group_of_the_last_prompt_refused_whole_then_training_ends_with_410_not_429(tmp_path):
+    # The last group's last close carries an infinite reward: refused, the lease not completed, so the group is
+    # pushed whole when a finite reward comes. Then the trainer's last step: a group request is answered 410 with
+    # the state as its code, where it was 429 ("ask again") before.
+    with open_stack(tmp_path, **{"openai.group_ground_truth": False}) as (endpoint, buffer, _, _):
+        buffer = buffer.core
+        group = open_all_but_the_last_close(endpoint)
+        assert "ground_truth" not in group["row"]
+        last = f"{endpoint}/v1/sessions/{group['sessions'][-1]}/close"
+        status, refused = post_raw(last, b'{"reward": 1e309}')
+        assert status == 400 and refused["error"]["param"] == "reward", refused
+        assert buffer.stats()["groups_in"] == 0
+        status, closed = post(last, {"reward": 0.5})
+        assert status == 200 and closed["group"]["rewards"] == [1.0, 0.5], closed
+        assert buffer.stats()["groups_in"] == 1
+        buffer.set_policy_version(1, training_finished=True)
+        status, refused = post(f"{endpoint}/v1/groups", {})
+        assert status == 410 and refused["error"]["code"] == "training_finished", refused

@@ -54,6 +54,45 @@ def hostile_bodies(rng: random.Random) -> dict[str, bytes]:
     }
 
 
+def hostile_chat_fields() -> list[tuple[str, object]]:
+    """Chat-completion fields of the wrong type or range (field, value): each must be a 400 naming the field, never
+    a failure inside the engine."""
+    return [("stop", 5), ("stop", [1, 2]), ("stop", {"a": 1}), ("stop", ["x"] * 100), ("seed", "x"),
+            ("seed", 2 ** 70), ("seed", -1), ("seed", 1.5), ("seed", True), ("temperature", "hot"),
+            ("temperature", 1e309), ("top_p", [1]), ("max_tokens", "5"), ("n", 2), ("messages", [{"role": 5}]),
+            ("tools", "x")]
+
+
+# A request trickled a part at a time: its head a header line at a time, or its body a byte at a time.
+_TRICKLES = {"head": (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n", b"X-Drip: 1\r\n"),
+             "body": (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Type: application/json\r\n"
+                      b"Content-Length: 100000\r\n\r\n{", b" ")}
+
+
+def trickle(host: str, port: int, path: str, part: str, *, every_s: float, give_up_s: float,
+            headers: bytes = b"") -> tuple[float, bytes]:
+    """Sends a request's `part` ("head" or "body") a little every `every_s` until the server closes or `give_up_s`
+    passes; how long the server read on, and what it answered. `headers` (whole lines) go with a body's head."""
+    opening, drip = _TRICKLES[part]
+    opening = opening % ((path.encode(),) if part == "head" else (path.encode(), headers))
+    answer = b""
+    with socket.create_connection((host, port), timeout=give_up_s) as conn:
+        started = time.monotonic()
+        try:
+            conn.sendall(opening)
+            while time.monotonic() - started < give_up_s:
+                time.sleep(every_s)
+                conn.sendall(drip)
+        except OSError:
+            pass  # the server closed: it answered (or not) first
+        waited = time.monotonic() - started
+        with contextlib.suppress(OSError):
+            conn.settimeout(give_up_s)
+            while chunk := conn.recv(65536):
+                answer += chunk
+    return waited, answer
+
+
 def _nested(depth: int) -> dict:
     value: dict = {}
     for _ in range(depth):

@@ -28,7 +28,8 @@ def _endpoint(address: str) -> tuple[str, int]:
 
 def post_status(address: str, path: str, body: bytes, *, timeout: float) -> int | None:
     """The HTTP status of `body` POSTed to `path` at HOST:PORT on a fresh connection; None when no answer came."""
-    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+    # The Host is the address asked (servers that refuse foreign names must still parse the body).
+    head = (f"POST {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     try:
         with socket.create_connection(_endpoint(address), timeout=timeout) as conn:
