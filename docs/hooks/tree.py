@@ -58,7 +58,9 @@ def tree_problems(markdown: str, root: Path) -> list[str]:
 
 
 _NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
-_COUNT = re.compile(r"\b(?:the|as|of|all|its) (" + "|".join(_NUMBERS) + r")(?: gRPC)? services\b", re.IGNORECASE)
+# A claim of the whole: "as four independent gRPC services", "all four services" (not "the two services" of a
+# sentence about two of them).
+_COUNT = re.compile(r"\b(?:as|all|its) (" + "|".join(_NUMBERS) + r")(?: [\w-]+){0,2} services\b", re.IGNORECASE)
 
 
 def count_problems(text: str, services: tuple[str, ...]) -> list[str]:

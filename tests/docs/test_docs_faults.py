@@ -69,9 +69,9 @@ def test_a_stale_repository_tree_fails_the_build(tmp_path):
 
 def test_a_wrong_count_of_services_fails_the_build(tmp_path):
     real = (ROOT / "docs" / "concepts" / "architecture.md").read_text()
-    done = site(tmp_path, architecture=real + "\nThe four services start in turn.\n")
+    done = site(tmp_path, architecture=real + "\nIt is built as four independent gRPC services.\n")
     assert done.returncode != 0
-    assert "\"The four services\": the project has 5 services" in done.stderr
+    assert "\"as four independent gRPC services\": the project has 5 services" in done.stderr
 
 
 def test_a_guide_command_that_neither_runs_nor_says_why_fails_the_build(tmp_path):
