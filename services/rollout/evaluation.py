@@ -118,7 +118,8 @@ class Evaluator:
                         line |= {"question": question_text(row.messages_json), "gt_answer": row.gt_answer}
                     if (record := sample.episode) is not None:
                         line["episode"] = {"transcript": record.transcript, "turns": record.turns,
-                                           "tool_calls": record.tool_calls, "ended": record.ended_reason}
+                                           "tool_calls": record.tool_calls, "ended": record.ended_reason,
+                                           **({"error": record.error} if record.error else {})}
                     out.write(json.dumps(line) + "\n")
                 pass1 += pass_at_k(n, correct, 1)
                 passk += pass_at_k(n, correct, k)

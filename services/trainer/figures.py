@@ -61,6 +61,11 @@ FIGURES: tuple[Figure, ...] = (
            "it (below staleness_mean when workers take weights mid-sequence)", dashboard="pipeline"),
     Figure("turns_mean", "mean assistant turns of a sample's episode (1 for single-turn samples)"),
     Figure("tool_calls_mean", "mean tool calls of a sample's episode"),
+    # Counted over every rank's groups (services/trainer/tracking.py, episode_endings); absent from a step without
+    # episodes. Beside them, episodes_failed_<reason> counts each failure reason seen (error, timeout, ...).
+    Figure("episodes", "multi-turn episodes among the step's samples", ranks="sum"),
+    Figure("episodes_failed", "episodes of the step that ended by their environment failing (error, bad_reply, "
+           "timeout, reset_failed, unavailable, ...)", ranks="sum"),
     Figure("samples", "samples trained on", ranks="sum", gauge=False),
     Figure("tokens", "prompt and response tokens trained on", ranks="sum", gauge=False),
     # Timing, measured by rank 0 after the ranks' figures are combined (services/trainer/loop.py, _train).

@@ -108,8 +108,12 @@ def test_a_step_that_raises_brings_its_message_and_the_users_frames_to_the_recor
     assert episode_endings([group]) == {"episodes": 2, "episodes_failed": 2, "episodes_failed_error": 2}
 
 
-def test_a_reset_that_raises_ends_the_episode_reset_failed_with_its_message(engine, broken_service):
-    prompt, ids, samples = play(engine, broken_service, "reset_raises")
+def test_a_reset_that_raises_ends_the_episode_reset_failed_with_its_message(engine, broken_service, caplog):
+    with caplog.at_level(logging.DEBUG, logger="zerobubble.rollout.episodes.remote"):
+        prompt, ids, samples = play(engine, broken_service, "reset_raises", n=3)
+    # One warning for the batch's failed openings, not one per episode; the rest at debug level.
+    said = [r.levelno for r in caplog.records if "could not be opened" in r.getMessage()]
+    assert said == [logging.WARNING, logging.DEBUG, logging.DEBUG], said
     for sample in samples:
         assert sample.episode.ended_reason == "reset_failed"
         assert "reset raised KeyError: 'no such level'" in sample.episode.error, sample.episode.error

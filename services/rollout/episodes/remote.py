@@ -23,6 +23,7 @@ class RemoteSessions:
         self.config = config
         self.stop = stop or threading.Event()
         self.max_backoff = max_backoff
+        self._told: set[tuple[str, str]] = set()   # what has been warned of once, by what failed and how
 
     def open(self, environment: str, row: dict) -> Opening:
         """Retried while the service is away (a supervisor restarts it): an episode opened twice leaves one that
@@ -33,8 +34,8 @@ class RemoteSessions:
                                give_up_seconds=self.config.retry_seconds)
         except grpc.RpcError as exc:
             # The environment's reset failed (or the service stayed away): this episode only, not the batch.
-            log.warning("an episode of %s could not be opened: %s (%s)", environment, exc.code().name,
-                        exc.details())
+            self._warn_once(("open " + environment, exc.code().name), "an episode of %s could not be opened: %s (%s)",
+                            environment, exc.code().name, exc.details())
             return Opening("", None, failed=UNAVAILABLE if exc.code() in TRANSIENT else RESET_FAILED,
                            error=exc.details() or exc.code().name)
         return Opening(reply.episode_id, json.loads(reply.opening_json or "null"), json.loads(reply.tools_json or "[]"))
@@ -45,13 +46,22 @@ class RemoteSessions:
         except grpc.RpcError as exc:
             # The episode's state lived in the service: lost with it (restarted, or the episode expired), the
             # episode ends here, and the batch goes on.
-            log.warning("episode %s ended: the environment service answered %s (%s)", episode_id,
-                        exc.code().name, exc.details())
+            self._warn_once(("step", exc.code().name), "episode %s ended: the environment service answered %s (%s)",
+                            episode_id, exc.code().name, exc.details())
             return StepOutcome(None, done=True, ended_reason=UNAVAILABLE, info={
                 "error": f"the environment service answered {exc.code().name}: {exc.details()}"})
         return StepOutcome(json.loads(reply.observation_json or "null"), reward=reply.reward, done=reply.done,
                            info=json.loads(reply.info_json or "{}"), tool_calls=reply.tool_calls,
                            ended_reason=reply.ended_reason)
+
+    def _warn_once(self, key: tuple[str, str], message: str, *args) -> None:
+        """A warning the first time, debug after: a batch of episodes failing alike is one line, not one each (the
+        worker counts them and logs their first error whole, episodes/failures.py)."""
+        if key in self._told:
+            log.debug(message, *args)
+            return
+        self._told.add(key)
+        log.warning(message + " (more like it are logged at debug level)", *args)
 
     def close(self, episode_id: str) -> None:
         try:
