@@ -1,10 +1,12 @@
 """`zerobubble up` needs no token from the user, yet none of its services answers a caller without the run's token:
 the services `Run.launch` starts (real processes on loopback) refuse anonymous calls, train with each other, and the
-evaluation after the run gets through; the token is written nowhere in the run folder."""
+evaluation after the run gets through; the token is written in the run folder only to its own file, readable by its
+owner alone (for the user's own calls)."""
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 import grpc
@@ -16,7 +18,7 @@ from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.config import TOKEN_ENV
 from zerobubble.tooling.launcher.assets import RunAssets
 from zerobubble.tooling.launcher.config import UpConfig
-from zerobubble.tooling.launcher.run import Run, final_eval
+from zerobubble.tooling.launcher.run import TOKEN_FILE, Run, final_eval
 from zerobubble.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,
@@ -94,3 +96,5 @@ def test_up_services_refuse_strangers_and_work_with_the_runs_own_token(tmp_path,
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix in (".yaml", ".log", ".jsonl", ".json"):
             assert token not in path.read_text(errors="replace"), f"the token is written in {path}"
+    token_file = run_dir / TOKEN_FILE
+    assert token_file.read_text().strip() == token and stat.S_IMODE(token_file.stat().st_mode) == 0o600

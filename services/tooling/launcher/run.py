@@ -180,7 +180,9 @@ class Run:
         ServiceFailed when a service dies with its restarts used up, EnvironmentsFailed when a worker stopped the
         run because its environments fail every episode."""
         supervisor = Supervisor(self.services, trainer, self.config.restarts, self.config.startup_timeout_seconds)
-        failures = FailureFollower(self.run_dir / FAILURE_LOG, progress.say)
+        # Printed above the progress line; the benches' stand-ins for it have no line, and print plainly.
+        say = getattr(progress, "say", lambda text: print(text, flush=True))
+        failures = FailureFollower(self.run_dir / FAILURE_LOG, say)
         while True:
             failures.poll()
             try:
