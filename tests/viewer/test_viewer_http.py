@@ -231,3 +231,82 @@ def test_a_million_logged_samples_are_paged_through_without_loading_the_log(tmp_
         assert group["prompt_id"] == f"p{steps}-{per_step - 1}"
         grown = _rss_kib(pid) - before
     assert grown * 1024 < size / 8, f"the viewer grew by {grown} KiB for a {size >> 20} MiB log"
+
+
+def test_a_rollout_log_linked_out_of_the_run_folder_is_refused(tmp_path):
+    run_dir, _ = make_run(tmp_path)
+    log = run_dir / "trainer" / "rollouts.jsonl"
+    secret_log = tmp_path / "outside" / "rollouts.jsonl"
+    secret_log.write_text(json.dumps(group_row(1, 0) | {"prompt_id": SECRET}) + "\n")
+    log.unlink()
+    log.symlink_to(secret_log)
+    with viewer(run_dir) as base:
+        for target in ("/api/rollouts", "/api/group?line=0"):
+            status, body = raw_get(base, target)
+            assert status == 404 and SECRET.encode() not in body, (target, body[:300])
+            assert b"leads outside the run folder" in body
+
+
+def test_a_host_that_is_not_the_viewers_is_refused(served):
+    """A DNS-rebinding page asks with its own name as Host; the viewer answers only its own names."""
+    base = served[0]
+    port = base.rsplit(":", 1)[1]
+    for host in (f"rebind.evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
+        for target in ("/", "/api/metrics", "/api/rollouts"):
+            status, body = get_json(base, target, host=host) if target != "/" else (raw_get(base, target,
+                                                                                            host=host)[0], {})
+            assert status == 403, (host, target, status)
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost"):
+        assert get_json(base, "/api/metrics", host=host)[0] == 200
+
+
+def test_a_line_nested_too_deep_or_too_long_is_skipped_with_a_note_and_the_rest_is_served(tmp_path):
+    run_dir = tmp_path / "run"
+    rows = write_run(run_dir, steps=3, groups=2)
+    limit = 1 << 20
+    with open(run_dir / "trainer" / "metrics.jsonl", "a") as out:
+        out.write('{"step": 4, "deep": ' + "[" * 5000 + "]" * 5000 + "}\n")
+        out.write(json.dumps({"step": 5, "policy_version": 5}) + "\n")
+    with open(run_dir / "trainer" / "rollouts.jsonl", "a") as out:
+        out.write(json.dumps(group_row(4, 0) | {"pad": "x" * (3 * limit)}) + "\n")
+        out.write('{"step": 4, "deep": ' + "[" * 100 + "]" * 100 + "}\n")  # deeper than the viewer reads
+        out.write(json.dumps(group_row(4, 1)) + "\n")
+    with viewer(run_dir, "--max-line-bytes", str(limit)) as base:
+        status, metrics = get_json(base, "/api/metrics")
+        assert status == 200 and [r["step"] for r in metrics["rows"]] == [1, 2, 3, 5], metrics
+        assert len(metrics["skipped"]) == 1 and "5001 deep" in metrics["skipped"][0]["reason"]
+        status, page = get_json(base, "/api/rollouts?step_min=4")
+        assert status == 200 and [g["line"] for g in page["groups"]] == [len(rows) + 2], page
+        assert [note["line"] for note in page["skipped"]] == [len(rows), len(rows) + 1]
+        assert "line limit" in page["skipped"][0]["reason"] and "deep" in page["skipped"][1]["reason"]
+        status, refused = get_json(base, f"/api/group?line={len(rows)}")
+        assert status == 422 and f"line {len(rows) + 1}" in refused["error"]["message"], refused
+
+
+def _read_bytes(pid: int) -> int:
+    return int(next(line for line in Path(f"/proc/{pid}/io").read_text().splitlines()
+                    if line.startswith("rchar:")).split()[1])
+
+
+def test_a_growing_last_line_over_the_limit_is_read_once_not_at_every_poll(tmp_path):
+    run_dir = tmp_path / "run"
+    write_run(run_dir, steps=2, groups=1)
+    limit, line = 1 << 20, 24 << 20
+    metrics = run_dir / "trainer" / "metrics.jsonl"
+    with open(metrics, "a") as out:
+        out.write('{"step": 3, "pad": "' + "x" * line)  # still being written
+        out.flush()
+        with viewer(run_dir, "--max-line-bytes", str(limit)) as base:
+            pid = viewer_pid(run_dir)
+            since, polls = 0, []
+            for _ in range(4):
+                before = _read_bytes(pid)
+                status, answer = get_json(base, f"/api/metrics?since={since}")
+                assert status == 200, answer
+                polls.append(_read_bytes(pid) - before)
+                since = answer["next"]
+            assert polls[-1] < line // 8 and polls[-2] < line // 8, polls
+            out.write('"}\n' + json.dumps({"step": 4, "policy_version": 4}) + "\n")
+            out.flush()
+            status, answer = get_json(base, f"/api/metrics?since={since}")
+            assert [r["step"] for r in answer["rows"]] == [4] and "line limit" in answer["skipped"][0]["reason"]

@@ -24,9 +24,11 @@ NEEDS_CHROMIUM = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium 
 
 
 @contextlib.contextmanager
-def viewer(run_dir: Path) -> Iterator[str]:
-    """The viewer of `run_dir` for the block; its base URL, without the trailing slash."""
-    process = subprocess.Popen([sys.executable, "-m", "zerobubble", "view", str(run_dir), "--port", "0"], cwd=REPO,
+def viewer(run_dir: Path, *options: str) -> Iterator[str]:
+    """The viewer of `run_dir` (with `zerobubble view`'s `options`) for the block; its base URL, without the
+    trailing slash."""
+    process = subprocess.Popen([sys.executable, "-m", "zerobubble", "view", str(run_dir), "--port", "0", *options],
+                               cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = process.stdout.readline()
@@ -54,11 +56,13 @@ def viewer_pid(run_dir: Path) -> int:
     raise AssertionError(f"no zerobubble view process of {run_dir}")
 
 
-def raw_get(base: str, target: str, method: str = "GET") -> tuple[int, bytes]:
-    """One request with `target` sent byte for byte as the request line's path; the status and the body."""
+def raw_get(base: str, target: str, method: str = "GET", host: str | None = None) -> tuple[int, bytes]:
+    """One request with `target` sent byte for byte as the request line's path (and `host` as its Host); the
+    status and the body."""
     parts = urlsplit(base)
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
-        sock.sendall(f"{method} {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(f"{method} {target} HTTP/1.1\r\nHost: {host or parts.netloc}\r\nConnection: close\r\n\r\n"
+                     .encode())
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
@@ -80,8 +84,8 @@ def _unchunk(body: bytes) -> bytes:
     return out
 
 
-def get_json(base: str, target: str) -> tuple[int, dict]:
-    status, body = raw_get(base, target)
+def get_json(base: str, target: str, host: str | None = None) -> tuple[int, dict]:
+    status, body = raw_get(base, target, host=host)
     return status, json.loads(body)
 
 

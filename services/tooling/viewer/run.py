@@ -1,15 +1,15 @@
 """What the viewer reads of a run folder, and nothing else: the files `zerobubble up` writes there, found by fixed
 names under the folder (a name from a request is checked against the evaluations the run has, never joined as a
-path as given), and refused where a link leads out of the folder."""
+path as given), and refused where a link leads out of the folder, the rollout log included. A line it cannot read
+(too long, too deep, not a JSON object) is skipped with a note in the answer (`skipped`), never an error."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-from zerobubble.tooling.viewer.lines import LineIndex
+from zerobubble.tooling.viewer.lines import CHUNK_BYTES, MAX_LINE_BYTES, BadLine, LineIndex, parse_row, too_long
 from zerobubble.tooling.viewer.query import EvalPairQuery, RolloutFilter
 
 METRICS = Path("trainer") / "metrics.jsonl"
@@ -21,6 +21,8 @@ FOLLOW_BYTES = 4 << 20
 # An evaluation's answers at one version are read whole, up to this.
 EVAL_FILE_BYTES = 64 << 20
 _EVAL_FILE = re.compile(r"^version-(\d{6,})\.jsonl$")
+# What one answer scans at most of a line too long to read, looking for its end (the page asks again for more).
+SCAN_BYTES = 64 << 20
 # Lines parsed for one page at most, matching or not: a filter that matches little answers with a cursor to go on
 # from, not a scan of the whole log.
 SCAN_LINES = 5_000
@@ -38,9 +40,13 @@ class NotInRun(LookupError):
 
 
 class RunFolder:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, max_line_bytes: int = MAX_LINE_BYTES):
         self.root = root.resolve()
-        self.rollouts = LineIndex(self.root / ROLLOUTS)
+        self.max_line_bytes = max_line_bytes
+        self.rollouts = LineIndex(lambda: self.file(ROLLOUTS), max_line_bytes)
+        # file -> (where a line too long to read starts, how far its end was looked for): the next look goes on
+        # from there, so that a line still growing is never read again from its start.
+        self._long: dict[Path, tuple[int, int]] = {}
 
     def file(self, relative: Path) -> Path:
         """`relative` inside the run folder, with every link resolved; NotInRun if it leads outside."""
@@ -51,31 +57,64 @@ class RunFolder:
 
     def follow(self, relative: Path, since: int, limit: int = FOLLOW_BYTES) -> dict[str, Any]:
         """The complete JSONL rows of a file from byte `since` on, up to about `limit` bytes of them; where the next
-        read starts, whether there is more to read now, and whether the file started over (read it all again)."""
-        reset = False
+        read starts, whether there is more to read now, whether the file started over (read it all again), and the
+        lines skipped (by byte offset, with why)."""
+        reset, skipped = False, []
         try:
-            with open(self.file(relative), "rb") as f:
-                size = f.seek(0, 2)
-                if size < since:  # the file started over: read it from the start
-                    since, reset = 0, True
-                f.seek(since)
-                data = f.read(limit)
-                while data and b"\n" not in data and f.tell() < size:  # one line longer than the limit
-                    data += f.read(limit)
+            f = open(self.file(relative), "rb")
         except FileNotFoundError:
-            return {"rows": [], "next": 0, "more": False, "reset": since > 0}
+            return {"rows": [], "next": 0, "more": False, "reset": since > 0, "skipped": []}
+        with f:
+            size = f.seek(0, 2)
+            if size < since:  # the file started over: read it from the start
+                since, reset = 0, True
+            # A line longer than `limit` (known from an earlier look, or found now) is looked through for its end.
+            looking = self._long.get(relative, (None, 0))[0] == since
+            f.seek(since)
+            data = b"" if looking else f.read(limit)
+            if looking or data and b"\n" not in data and since + len(data) < size:
+                end = self._line_end(f, relative, since, size)
+                if end is None:  # its end is not written yet, or not found within this answer's scan
+                    more = self._long[relative][1] < size
+                    return {"rows": [], "next": since, "more": more, "reset": reset, "skipped": []}
+                if end - since > self.max_line_bytes:
+                    skipped.append({"at": since, "reason": too_long(end - since, self.max_line_bytes)})
+                    since = end + 1
+                    f.seek(since)
+                    data = f.read(limit)  # the rows after it come in the same answer
+                else:
+                    f.seek(since)
+                    data = f.read(end + 1 - since)
         complete = data[: data.rfind(b"\n") + 1]
-        rows = []
-        for line in complete.splitlines():
+        rows, at = [], since
+        for line in complete.split(b"\n")[:-1]:
             try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
+                if len(line) > self.max_line_bytes:
+                    raise BadLine(too_long(len(line), self.max_line_bytes))
+                if line.strip():
+                    rows.append(parse_row(line))
+            except BadLine as exc:
+                skipped.append({"at": at, "reason": str(exc)})
+            at += len(line) + 1
         following = since + len(complete)
         return {"rows": rows, "next": following, "more": size - following > len(data) - len(complete),
-                "reset": reset}
+                "reset": reset, "skipped": skipped}
+
+    def _line_end(self, f, relative: Path, start: int, size: int) -> int | None:
+        """The offset of the newline ending the line at `start`, looked for from where the last look stopped, at
+        most SCAN_BYTES further; None when not found yet."""
+        begun, looked = self._long.get(relative, (None, 0))
+        position = looked if begun == start and looked <= size else start
+        f.seek(position)
+        budget = SCAN_BYTES
+        while budget > 0 and (chunk := f.read(min(CHUNK_BYTES, budget))):
+            if (newline := chunk.find(b"\n")) >= 0:
+                self._long.pop(relative, None)
+                return position + newline
+            position += len(chunk)
+            budget -= len(chunk)
+        self._long[relative] = (start, position)
+        return None
 
     def metrics(self, since: int) -> dict[str, Any]:
         answer = self.follow(METRICS, since)
@@ -132,15 +171,17 @@ class RunFolder:
         total = self.rollouts.refresh()
         steps = self.rollouts.steps
         candidates = (n for n in range(query.cursor, total) if _step_may_pass(steps[n], query))
-        groups, scanned, stop = [], 0, None
+        groups, skipped, scanned, stop = [], [], 0, None
         for number, row in self.rollouts.rows(candidates):
             scanned += 1
-            if row is not None and query.group_passes(row):
+            if isinstance(row, BadLine):
+                skipped.append({"line": number, "reason": str(row)})
+            elif query.group_passes(row):
                 groups.append(summary(number, row))
             if len(groups) == query.limit or scanned == SCAN_LINES:
                 stop = number + 1 if number + 1 < total else None
                 break
-        return {"groups": groups, "total": total, "scanned": scanned, "next": stop}
+        return {"groups": groups, "total": total, "scanned": scanned, "next": stop, "skipped": skipped}
 
     def group(self, line: int) -> dict[str, Any]:
         total = self.rollouts.refresh()

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from zerobubble.common.http_guard import RequestGuard
 from zerobubble.tooling.viewer.config import ViewConfig
 from zerobubble.tooling.viewer.query import (
     BadQuery,
@@ -51,7 +52,7 @@ def _asset(name: str) -> bytes:
     return resources.files("zerobubble.tooling.viewer").joinpath("static", name).read_bytes()
 
 
-def build_app(run: RunFolder) -> web.Application:
+def build_app(run: RunFolder, guard: RequestGuard) -> web.Application:
     def api(model: type[Query], answer: Callable[[Any], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             try:
@@ -83,7 +84,14 @@ def build_app(run: RunFolder) -> web.Application:
                 raise
             return _error(exc.status, exc.reason)
 
-    app = web.Application(middlewares=[no_surprises])
+    @web.middleware
+    async def own_names_only(request: web.Request, handler):
+        # A page from elsewhere that rebinds its name to this address sends its own name as Host.
+        if refusal := guard.check(request.headers.get):
+            return _error(refusal.status, refusal.message, refusal.field)
+        return await handler(request)
+
+    app = web.Application(middlewares=[own_names_only, no_surprises])
     app.add_routes([
         web.get("/", page),
         web.get("/static/{name}", page),
@@ -97,7 +105,8 @@ def build_app(run: RunFolder) -> web.Application:
 
 
 async def serve(config: ViewConfig) -> None:
-    runner = web.AppRunner(build_app(RunFolder(config.run_dir)), access_log=None)
+    guard = RequestGuard(config.host, allowed_hosts=config.allowed_hosts)
+    runner = web.AppRunner(build_app(RunFolder(config.run_dir, config.max_line_bytes), guard), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

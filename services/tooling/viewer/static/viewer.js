@@ -3,7 +3,7 @@
 
 const SVG = "http://www.w3.org/2000/svg";
 const POLL_MS = 3000;
-const state = { metrics: [], metricsAt: 0, evals: [], evalsAt: 0, answers: {}, route: null };
+const state = { metrics: [], metricsAt: 0, evals: [], evalsAt: 0, answers: {}, route: null, skipped: 0 };
 
 function h(tag, attrs, ...children) {
   const el = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
@@ -45,6 +45,7 @@ async function followFile(path, rowsKey, atKey) {
     answer = await getJSON(path, { since: state[atKey] });
     if (answer.reset) state[rowsKey] = [];
     for (const row of answer.rows) state[rowsKey].push(row);
+    state.skipped += (answer.skipped || []).length;
     state[atKey] = answer.next;
     grew += answer.rows.length;
   } while (answer.more);
@@ -57,7 +58,8 @@ async function follow() {
   state.answers = evals.answer.answers;
   const last = state.metrics[state.metrics.length - 1];
   document.getElementById("live").textContent =
-    last ? `step ${last.step} · policy version ${last.policy_version} · ${state.evals.length} evaluations` : "no steps yet";
+    (last ? `step ${last.step} · policy version ${last.policy_version} · ${state.evals.length} evaluations` : "no steps yet") +
+    (state.skipped ? ` · ${state.skipped} unreadable lines skipped` : "");
   return metrics.grew + evals.grew > 0;
 }
 
@@ -215,6 +217,9 @@ async function renderRollouts(main, params) {
   }
   if (!page.groups.length) main.append(h("p", { class: "empty" }, "No group from here matches."));
   main.append(table, pager);
+  for (const note of page.skipped || []) {
+    main.append(h("p", { class: "skipped" }, `line ${note.line} skipped: ${note.reason}`));
+  }
 }
 
 function routeWith(params, changes) {
