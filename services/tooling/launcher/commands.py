@@ -45,7 +45,7 @@ def cmd_up(args) -> int:
     resume = args.resume is not None
     if not resume:
         check_fresh(config, overwrite=args.overwrite)
-    derived = preflight(config)
+    derived = preflight(config, environments=args.dry_run)
     print(effective_run(args, config, derived), flush=True)
     if args.dry_run:
         print("zerobubble up: --dry-run: nothing was started", flush=True)
@@ -72,7 +72,8 @@ def register(subparsers) -> None:
                        help="replace the run that run_dir holds (its checkpoints, logs and metrics) with a new one")
     parser.add_argument("--dry-run", action="store_true",
                         help="print every setting that differs from its default, where it came from and what is "
-                             "derived, check the run as `up` would, and exit without starting anything")
+                             "derived, check the run as `up` would (its environments loaded, MCP servers' tools "
+                             "listed, OpenEnv servers asked), and exit without starting anything")
     add_reference_flags(parser)
     parser.set_defaults(run=cmd_up)
 

@@ -19,14 +19,20 @@ from zerobubble.tooling.launcher.effective import Setting, derived_settings
 DATA_CHECK_SECONDS = 1.5
 
 
-def preflight(config: UpConfig) -> list[Setting]:
-    """The cheap checks first: a mistyped path is reported before torch is imported. Returns what the run
-    derives (the schedule's length, the model's identity)."""
+def preflight(config: UpConfig, *, environments: bool = False) -> list[Setting]:
+    """The cheap checks first: a mistyped path is reported before torch is imported. With `environments` (the dry
+    run) the environments are loaded too, as their service will, and what each offers is printed. Returns what the
+    run derives (the schedule's length, the model's identity)."""
     if config.model is not None:
         check_model(config.model)
     check_verifiers(config)
     check_run_data(config)
     trees = check_services(config)
+    if environments and "environment" in trees:
+        from zerobubble.tooling.launcher.environment_check import check_environments
+
+        for line in check_environments(trees["environment"]):
+            print(line, flush=True)
     return derived_settings(trees.get("trainer", {}), trees.get("buffer", {}).get("run_spec", {}))
 
 
