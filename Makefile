@@ -29,8 +29,9 @@ test: lint docs compose-tool slurm-tool front-tool
 
 # The documentation site into site/, strictly: a broken link, a missing page, a repository path or a configuration
 # key that no longer exists fails the build (docs/hooks/checks.py). `.venv/bin/mkdocs serve` shows it live.
+# Not --quiet: it hides warnings from strict mode's count, and the build then passes whatever they say.
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The lane for your own loop (about 3 minutes on 2 cores): units and single-service tests, spread over 4 workers
 # since most of them wait on sockets and processes; whole runs, benches, the fuzz soak and slow tests are left to

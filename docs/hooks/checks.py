@@ -17,6 +17,8 @@ _CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 _PATH = re.compile(r"^(services|tests|deploy|protos|docs|\.ci)/[\w./*-]*$")
 # Other spellings of a repository path: through the package name, or from inside services/.
 _OTHER_SPELLING = re.compile(r"^(zerobubble/|(common|reward|buffer|rollout|trainer|environment|tooling)/)[\w/]+\.py\b")
+# A file's name (`environment.yaml`) is not a key, though its stem may be a section's name.
+_FILE_NAME = re.compile(r"\.(ya?ml|json|jsonl|py|md|toml|txt|log|sh|proto|parquet|csv)$")
 _KEY = re.compile(r"^([a-z_]+(?:\[\])?(?:\.(?:[a-z_0-9]+|NAME)(?:\[\])?)+)(?:[ =:].*)?$")
 
 
@@ -81,7 +83,7 @@ def problems(markdown: str, up, services) -> list[str]:
         text = match.group(1).strip()
         problem = path_problem(text)
         key = _KEY.match(text)
-        if problem is None and key and "/" not in text:
+        if problem is None and key and "/" not in text and not _FILE_NAME.search(text):
             problem = key_problem(key.group(1), up, services)
         if problem:
             found.append(problem)

@@ -24,10 +24,16 @@ def test_the_site_builds_strictly_with_its_generated_reference(mkdocs, tmp_path)
     configuration = (tmp_path / "site" / "reference" / "configuration" / "index.html").read_text()
     # Generated from the schemas: a key of `up` and one of a service are there.
     assert "run_dir" in configuration and "validation.max_version_ahead" in configuration
+    # Nested sections and entries too: an optional section, a list entry, a named entry.
+    assert "lora.rank" in configuration and "environments[].tool_format" in configuration
+    assert "run_spec.episodes.by_data_source.NAME.environment" in configuration
     assert "JoinWeightSync" in (tmp_path / "site" / "reference" / "rpcs" / "index.html").read_text()
     assert "/v1/score" in (tmp_path / "site" / "reference" / "http" / "index.html").read_text()
     assert "zerobubble up" in (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     # The weight-sync page's state table is made from the protocol's own (services/common/sync_protocol.py).
+    # The architecture page's table of services is made from the code: the environment service is in it.
+    assert "protos/zerobubble/v1/environment.proto" in (tmp_path / "site" / "concepts" / "architecture" /
+                                                         "index.html").read_text()
     protocol = (tmp_path / "site" / "concepts" / "weight-sync" / "index.html").read_text()
     assert "awaiting acks" in protocol and "test_sync_protocol.py::" in protocol
 
