@@ -5,6 +5,9 @@ Conventions every engine keeps, so a trainer never needs to know which engine pr
 - `Sample.logprobs[t]` is the log-probability of `token_ids[t]` under the distribution it was drawn
   from: logits / temperature, then top-k, then top-p, renormalised. With temperature 0 (greedy) it is
   the log-probability under the raw softmax.
+- `Sample.support[t]`, when the engine truncated the distribution (top-k, top-p), is how many tokens that
+  distribution kept: always the largest of logits / temperature, so the count names the set (the sampling mask) for
+  a trainer that recomputes the log-probs over it. None: the whole vocabulary at every position.
 - The EOS token ends a response with finish reason "stop" and is kept as its last token (the trainer
   must see it so that the policy learns to stop); the text leaves special tokens out.
 - A stop string ends a response with finish reason "stop". The text ends exactly with the stop string
@@ -76,6 +79,11 @@ class SamplingSettings:
     def top_k_enabled(self) -> bool:
         return self.top_k > 0
 
+    @property
+    def truncates(self) -> bool:
+        """Whether the distribution sampled from keeps fewer tokens than the vocabulary (top-k or top-p)."""
+        return not self.greedy and (self.top_k_enabled or self.top_p < 1.0)
+
 
 @dataclass
 class Sample:
@@ -89,6 +97,8 @@ class Sample:
     # engine's policy_version when the call returned drew them all.
     versions: np.ndarray | None = None
     loss_mask: np.ndarray | None = None   # uint8 [T]: 1 where the model sampled; None: everywhere
+    # int32 [T]: tokens kept by top-k / top-p at each position (0: the whole vocabulary); None: no truncation.
+    support: np.ndarray | None = None
     episode: EpisodeRecord | None = None
 
     def __post_init__(self) -> None:
@@ -98,6 +108,10 @@ class Sample:
             raise ValueError(f"token_ids {self.token_ids.shape} and logprobs {self.logprobs.shape} must be equal 1-D")
         if self.loss_mask is not None and self.loss_mask.shape != self.token_ids.shape:
             raise ValueError(f"loss_mask {self.loss_mask.shape} and token_ids {self.token_ids.shape} must be equal")
+        if self.support is not None:
+            self.support = np.asarray(self.support, dtype=np.int32)
+            if self.support.shape != self.token_ids.shape:
+                raise ValueError(f"support {self.support.shape} must match token_ids {self.token_ids.shape}")
         if self.versions is not None:
             self.versions = np.asarray(self.versions, dtype=np.int64)
             if self.versions.shape != self.token_ids.shape:

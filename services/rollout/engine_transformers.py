@@ -159,6 +159,8 @@ class TransformersEngine:
         # One column per step, so memory follows the tokens produced, never max_new_tokens.
         token_steps: list[np.ndarray] = []
         logprob_steps: list[np.ndarray] = []
+        # Tokens kept at each step, for the trainer's replay of the same support (engine.py's conventions).
+        support_steps: list[np.ndarray] | None = [] if sampling.truncates else None
         version_steps: list[int] = []
         generated: list[torch.Tensor] = []
         lengths = np.zeros(batch, dtype=np.int64)
@@ -194,6 +196,8 @@ class TransformersEngine:
             generated.append(token)
             token_steps.append(token.cpu().numpy().astype(np.int32))
             logprob_steps.append(chosen.cpu().numpy())
+            if support_steps is not None:
+                support_steps.append(torch.isfinite(logp).sum(dim=-1).cpu().numpy().astype(np.int32))
             version_steps.append(version)
             ends = ~stopped & is_eos.cpu().numpy()
             if watch is not None:
@@ -206,6 +210,7 @@ class TransformersEngine:
             mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
         tokens, logprobs = np.stack(token_steps, axis=1), np.stack(logprob_steps, axis=1)
         versions = np.asarray(version_steps, dtype=np.int64)
+        support = None if support_steps is None else np.stack(support_steps, axis=1)
         lengths[~stopped] = len(token_steps)
 
         samples = []
@@ -216,7 +221,8 @@ class TransformersEngine:
                 text = watch.cut(text)
             samples.append(Sample(token_ids=ids, logprobs=logprobs[i, :lengths[i]],
                                   finish_reason=FINISH_STOP if stopped[i] else FINISH_LENGTH, text=text,
-                                  versions=versions[:lengths[i]]))
+                                  versions=versions[:lengths[i]],
+                                  support=None if support is None else support[i, :lengths[i]]))
         return samples
 
     @torch.no_grad()

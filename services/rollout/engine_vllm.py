@@ -26,6 +26,7 @@ from zerobubble.rollout.engine import (
     FINISH_LENGTH,
     FINISH_STOP,
     Sample,
+    SamplingError,
     SamplingSettings,
     WeightLoadError,
     WeightSpec,
@@ -154,6 +155,13 @@ class VllmEngine:
 
         if any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
+        if sampling.truncates:
+            # This engine does not yet say which tokens top-k / top-p kept (Sample.support), and a trainer taking
+            # its log-probs over the whole vocabulary would weight every token by the kept mass: refused, not biased.
+            field = "top_k" if sampling.top_k_enabled else "top_p"
+            raise SamplingError(field, f"{field} is not supported by the vllm engine: it does not record the "
+                                "sampling support the trainer replays (use the transformers engine, or top_p 1 and "
+                                "top_k -1)")
         # OpenMP's thread count is per OS thread: in a thread other than the one that made the engine (the worker
         # loop's), vLLM's CPU attention plans a step for one count and runs it with another and dies ("Check
         # failed: input->metadata->thread_num == thread_num"). The calling thread takes the process's count, with

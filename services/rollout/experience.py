@@ -60,6 +60,8 @@ def experience_group(
             reward=score.reward, format_ok=score.format_ok, answer_ok=score.answer_ok,
             policy_version=oldest, temperature=temperature, response_text=sample.text, version_spans=spans,
         )
+        if sample.support is not None:
+            trajectory.sampling_support.CopyFrom(encode_array(sample.support.astype(np.int32, copy=False)))
         if sample.loss_mask is not None:
             trajectory.loss_mask.CopyFrom(encode_array(sample.loss_mask.astype(np.uint8, copy=False)))
         if (record := sample.episode) is not None:

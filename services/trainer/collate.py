@@ -38,6 +38,9 @@ class ExperienceBatch:
     token_versions: torch.Tensor      # [N, T] long: the version that drew each token (padding: the sample's)
     turns: torch.Tensor               # [N] float32: assistant turns of each sample's episode (1: single turn)
     tool_calls: torch.Tensor          # [N] float32: tool calls of each sample's episode
+    # [N, T] long: tokens the engine's top-k / top-p kept at each position (0: the whole vocabulary); None: no
+    # sample of the batch was truncated. The trainer's log-probs are taken over the same support.
+    support: torch.Tensor | None
     group_size: int                   # G: samples i*G..(i+1)*G-1 answer the same prompt
     prompt_length: int                # P
 
@@ -75,6 +78,7 @@ def unusable(group: common_pb2.ExperienceGroup, vocab_size: int) -> str:
             if not math.isfinite(trajectory.reward):
                 return f"{where}.reward: not finite ({trajectory.reward})"
             loss_mask(trajectory, where)
+            sampling_support(trajectory, where, vocab_size)
             if not (math.isfinite(trajectory.temperature) and trajectory.temperature > 0):
                 return f"{where}.temperature: must be finite and above 0, got {trajectory.temperature}"
     except InvalidInput as exc:
@@ -97,13 +101,25 @@ def loss_mask(trajectory: common_pb2.Trajectory, where: str) -> torch.Tensor | N
     return torch.from_numpy(mask.astype(np.float32))
 
 
+def sampling_support(trajectory: common_pb2.Trajectory, where: str, vocab_size: int | None = None) -> np.ndarray | None:
+    """How many tokens each position's sampling kept (None: the whole vocabulary everywhere)."""
+    if not trajectory.HasField("sampling_support"):
+        return None
+    kept = decode_array(trajectory.sampling_support, f"{where}.sampling_support", dtype="int32", ndim=1)
+    top = vocab_size if vocab_size is not None else np.iinfo(np.int32).max
+    if len(kept) != len(trajectory.response_ids.data) // 4 or kept.min(initial=0) < 0 or kept.max(initial=0) > top:
+        raise InvalidInput(f"must hold one count per response token, each from 0 to {top}",
+                           field=f"{where}.sampling_support")
+    return kept
+
+
 def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> ExperienceBatch:
     if not groups:
         raise ValueError("no groups to collate")
     sizes = {len(g.trajectories) for g in groups}
     if len(sizes) != 1:
         raise ValueError(f"groups of one step must have the same number of trajectories, got {sorted(sizes)}")
-    prompts, responses, behaviour, masks, drawn_by = [], [], [], [], []
+    prompts, responses, behaviour, masks, drawn_by, kept = [], [], [], [], [], []
     for g_index, group in enumerate(groups):
         prompt = torch.tensor(decode_array(group.prompt_ids, f"groups[{g_index}].prompt_ids", ndim=1))
         for t_index, trajectory in enumerate(group.trajectories):
@@ -114,6 +130,7 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
                 decode_array(trajectory.behaviour_logprobs, f"{where}.behaviour_logprobs", ndim=1)))
             masks.append(loss_mask(trajectory, where))
             drawn_by.append(torch.from_numpy(per_token(trajectory, len(responses[-1]))))
+            kept.append(sampling_support(trajectory, where))
     n = len(responses)
     p_len = max(len(p) for p in prompts)
     t_len = max(len(r) for r in responses)
@@ -124,6 +141,7 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
     trajectories = [t for g in groups for t in g.trajectories]
     versions = torch.tensor([t.policy_version for t in trajectories], dtype=torch.long)
     token_versions = versions[:, None].repeat(1, t_len)
+    support = None if all(k is None for k in kept) else torch.zeros((n, t_len), dtype=torch.long)
     for i, (prompt, response, logprobs, mask) in enumerate(zip(prompts, responses, behaviour, masks, strict=True)):
         input_ids[i, p_len - len(prompt):p_len] = prompt
         input_ids[i, p_len:p_len + len(response)] = response
@@ -131,6 +149,8 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
         response_mask[i, :len(response)] = 1 if mask is None else mask
         behaviour_logprobs[i, :len(logprobs)] = logprobs
         token_versions[i, :len(response)] = drawn_by[i]
+        if support is not None and kept[i] is not None:
+            support[i, :len(response)] = torch.from_numpy(kept[i].astype(np.int64))
     return ExperienceBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -148,6 +168,7 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
         turns=torch.tensor([t.episode.turns if t.HasField("episode") else 1 for t in trajectories],
                            dtype=torch.float32),
         tool_calls=torch.tensor([t.episode.tool_calls for t in trajectories], dtype=torch.float32),
+        support=support,
         group_size=sizes.pop(),
         prompt_length=p_len,
     )

@@ -157,8 +157,8 @@ def _projection_replaced(head: nn.Linear, compute) -> Iterator[None]:
 
 def forward_logprobs(model: nn.Module, batch: ExperienceBatch, *, with_entropy: bool,
                      layout: Layout) -> TokenLogprobs:
-    """Log-probs of the response tokens at each sample's own sampling temperature (and their entropy), [n, T]
-    with zeros where the response mask is zero."""
+    """Log-probs of the response tokens at each sample's own sampling temperature, over the support its sampling
+    kept (batch.support), and their entropy, [n, T] with zeros where the response mask is zero."""
     device = next(model.parameters()).device
     # A greedy sample (temperature 0) was drawn from the raw distribution.
     temperatures = torch.where(batch.temperatures > 0, batch.temperatures, 1.0)
@@ -168,17 +168,20 @@ def forward_logprobs(model: nn.Module, batch: ExperienceBatch, *, with_entropy: 
         start = torch.full((batch.size,), batch.prompt_length, device=device)
         return token_logprobs_and_entropy(logits, batch.input_ids.to(device), start,
                                           batch.response_mask.to(device), temperatures.to(device),
-                                          with_entropy=with_entropy)
+                                          with_entropy=with_entropy,
+                                          support=None if batch.support is None else batch.support.to(device))
     inputs = _packed(batch) if layout.packed else _padded(batch)
     predicting = inputs.predicting.to(device)
     targets = inputs.input_ids.reshape(-1).to(device)[predicting + 1]
     token_temperatures = temperatures[inputs.sample].to(device)
+    token_support = None if batch.support is None else batch.support[inputs.sample, inputs.column].to(device)
     entropy_box: list[Tensor | None] = []
 
     def compute(hidden: Tensor, weight: Tensor) -> Tensor:
         flat = hidden.reshape(-1, hidden.size(-1))
         logprobs, entropy = chunked_token_logprobs(flat.index_select(0, predicting), weight, targets,
-                                                   token_temperatures, chunk=layout.chunk, with_entropy=with_entropy)
+                                                   token_temperatures, chunk=layout.chunk, with_entropy=with_entropy,
+                                                   support=token_support)
         entropy_box.append(entropy)
         # Returned in place of the logits, so the log-probs are the model's output (which strategies hook).
         return logprobs.new_zeros(flat.size(0)).index_put((predicting,), logprobs).view(*hidden.shape[:-1], 1)

@@ -11,7 +11,7 @@ from engine_cases import ascii_pair_stop, chat_prompts, checkpoint_weights, reco
 
 from zerobubble.rollout.engine import Engine, SamplingSettings, WeightLoadError, resolve_dtype
 from zerobubble.rollout.engine_factory import make_engine, vllm_available
-from zerobubble.rollout.engine_transformers import TransformersEngine
+from zerobubble.rollout.engine_transformers import TransformersEngine, processed_logprobs
 
 LOGPROB_TOLERANCE = 1e-4
 
@@ -219,3 +219,17 @@ def test_sampling_settings_refuse_nonsense():
         SamplingSettings(n=0, temperature=1.0, max_new_tokens=4)
     with pytest.raises(ValueError, match="stop strings"):
         SamplingSettings(n=1, temperature=1.0, max_new_tokens=4, stop=("",))
+
+
+def test_support_counts_the_tokens_top_k_and_top_p_kept(engine, prompts):
+    settings = SamplingSettings(n=2, temperature=0.9, top_k=20, top_p=0.8, max_new_tokens=8, seed=4)
+    for prompt, group in zip(prompts[:3], engine.generate(prompts[:3], settings), strict=True):
+        for sample in group:
+            ids = torch.tensor([prompt + sample.token_ids.tolist()])
+            with torch.no_grad():
+                logits = engine.model(ids).logits[0, len(prompt) - 1:-1]
+            kept = torch.isfinite(processed_logprobs(logits, settings)).sum(dim=-1)
+            assert sample.support.tolist() == kept.tolist()
+            assert 1 <= sample.support.min() and sample.support.max() <= 20
+    plain = engine.generate(prompts[:1], SamplingSettings(n=1, temperature=0.9, max_new_tokens=4, seed=4))
+    assert plain[0][0].support is None, "without truncation the whole vocabulary is the support"

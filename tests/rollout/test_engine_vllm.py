@@ -19,7 +19,7 @@ pytest.importorskip("vllm", reason="vllm is not installed in this environment; `
 
 from engine_cases import ascii_pair_stop, chat_prompts, checkpoint_weights, recompute_logprobs  # noqa: E402
 
-from zerobubble.rollout.engine import SamplingSettings, WeightLoadError  # noqa: E402
+from zerobubble.rollout.engine import SamplingError, SamplingSettings, WeightLoadError  # noqa: E402
 from zerobubble.rollout.engine_factory import make_engine  # noqa: E402
 from zerobubble.rollout.engine_transformers import TransformersEngine  # noqa: E402
 
@@ -66,14 +66,20 @@ def test_greedy_matches_the_transformers_engine(on_varied, hf_engine, prompts):
         np.testing.assert_allclose(a[0].logprobs, b[0].logprobs, atol=LOGPROB_TOLERANCE)
 
 
-@pytest.mark.parametrize("extra", [{}, {"top_k": 5}, {"top_p": 0.5}], ids=["plain", "top_k", "top_p"])
-def test_sampled_logprobs_are_those_of_the_processed_distribution(on_varied, hf_engine, prompts, extra):
-    settings = SamplingSettings(n=2, temperature=0.8, max_new_tokens=16, seed=3, **extra)
+def test_sampled_logprobs_are_those_of_the_processed_distribution(on_varied, hf_engine, prompts):
+    settings = SamplingSettings(n=2, temperature=0.8, max_new_tokens=16, seed=3)
     for prompt, group in zip(prompts[:6], on_varied.generate(prompts[:6], settings), strict=True):
         for sample in group:
-            expected = recompute_logprobs(hf_engine.model, prompt, sample, 0.8, top_k=extra.get("top_k", 0),
-                                          top_p=extra.get("top_p", 1.0))
+            expected = recompute_logprobs(hf_engine.model, prompt, sample, 0.8)
             np.testing.assert_allclose(sample.logprobs, expected, atol=LOGPROB_TOLERANCE)
+
+
+@pytest.mark.parametrize(("extra", "field"), [({"top_k": 5}, "top_k"), ({"top_p": 0.5}, "top_p")])
+def test_truncated_sampling_is_refused_until_its_support_is_recorded(on_varied, prompts, extra, field):
+    # Without the support, the trainer's log-probs over the whole vocabulary would bias every importance weight.
+    with pytest.raises(SamplingError) as refused:
+        on_varied.generate(prompts[:1], SamplingSettings(n=1, temperature=0.8, max_new_tokens=4, **extra))
+    assert refused.value.field == field
 
 
 def test_n_samples_and_seeds(on_varied, prompts):
