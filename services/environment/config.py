@@ -176,6 +176,15 @@ class WorkersConfig(Schema):
     env: list[str] = Field(default_factory=list, description="names of the service's environment variables the "
                            "processes get, beside PATH, HOME, LANG, LC_ALL, TZ, TMPDIR and PYTHONPATH; nothing "
                            "else (never the bearer token's variable)")
+    max_processes: int = Field(256, gt=1, description="processes and threads of each episode's process and all it "
+                               "starts, together (a pids cgroup, where the service may make one)")
+    isolation: Literal["auto", "on", "off"] = Field("auto", description="on: the processes run as workers.uid, in "
+                                                    "process and IPC namespaces of their own (bubblewrap), so that "
+                                                    "they cannot see the service's processes nor read its token; "
+                                                    "auto: on where the service runs as root with bubblewrap and a "
+                                                    "pids cgroup, else off with a warning; off: as the service's user")
+    uid: int = Field(60900, ge=1000, description="the user and group id the processes run as under isolation; "
+                     "the environments' folders must be readable by it")
 
 
 def _default_environments() -> list[EnvironmentConfig]:

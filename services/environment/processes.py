@@ -2,25 +2,31 @@
 environments, asks it for one process per episode, and talks to that process under a time limit. Whatever the
 process does wrong (hangs, dies, sends garbage or too much) ends its episode with a stable code and kills it; the
 parent, if it dies, is started again for the next episode. The service unpickles nothing and reads at most a
-bounded reply."""
+bounded reply. Each episode's process, and all it starts, is in a cgroup of its own (containment.py) killed with the
+episode; under isolation the parent runs in bubblewrap's namespaces as workers.uid (worker.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from zerobubble.common.config import ConfigError
 from zerobubble.common.errors import TemporarilyUnavailable
 from zerobubble.common.user_code import BASIC_ENV, shown
+from zerobubble.environment import containment
 from zerobubble.environment.config import EnvironmentConfig, WorkersConfig
 from zerobubble.environment.contract import (
     BAD_REPLY,
@@ -34,12 +40,16 @@ from zerobubble.environment.contract import (
     loads_bounded,
 )
 from zerobubble.environment.episode import Bounds
+from zerobubble.environment.isolation import bwrap_command, isolation_of
 from zerobubble.environment.worker import FORK
 
 log = logging.getLogger(__name__)
 _REPLY_SLACK = 64 * 1024  # the reply's frame around the observation and info, each bounded by config
 # The codes an episode's process may end its episode with; any other is itself out of contract.
 WORKER_CODES = (ERROR, BAD_REPLY, TOO_LARGE)
+_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# The parent joins its cgroup before it becomes bubblewrap, so that every process it starts is in there.
+_JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
 
 
 class EpisodeProcesses:
@@ -55,16 +65,41 @@ class EpisodeProcesses:
         self.tool_formats: dict[str, str] = {}
         self._process: subprocess.Popen | None = None
         self._control: socket.socket | None = None
-        self._start()
+        self.isolated, why = isolation_of(workers, [entry for _, entry in entries])
+        self.cgroups: containment.EpisodeCgroups | None = None
+        try:
+            self.cgroups = containment.EpisodeCgroups(workers.max_processes)
+        except OSError as exc:
+            if self.isolated and workers.isolation == "on":
+                raise ConfigError(f"workers.isolation: on, but no pids cgroup for the episodes: {exc}") from None
+            log.warning("episodes' processes run without a pids cgroup (what leaves their process group outlives "
+                        "them, workers.max_processes is not applied): %s", exc)
+            self.isolated = False
+            why = why or "no pids cgroup"
+        if not self.isolated:
+            log.warning("users' environments run as the service's user, without isolation: %s", why)
+        self._names = itertools.count()
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
         environment = {name: os.environ[name] for name in (*BASIC_ENV, *self._workers.env) if name in os.environ}
         environment["PYTHONUNBUFFERED"] = "1"  # an episode's prints reach the log before it is killed
+        command = [sys.executable, "-m", "zerobubble.environment.worker", str(theirs.fileno()),
+                   str(0 if self.isolated else os.getpid())]
+        if self.isolated:
+            environment["HOME"] = "/tmp"  # the service's home is not workers.uid's
+            command = [*bwrap_command([entry for _, entry in self._entries]), *command]
+        if self.cgroups is not None:
+            joined = self.cgroups.leaf("parent", limited=False) / "cgroup.procs"
+            command = ["/bin/sh", "-c", _JOIN_CGROUP, str(joined), *command]
         with theirs:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "zerobubble.environment.worker", str(theirs.fileno()), str(os.getpid())],
-                env=environment, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True,
+                command, env=environment, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True,
                 # What users' code prints goes to the service's log, never into its own stdout (whose first line
                 # is the service's address line).
                 stdout=sys.stderr.fileno())
@@ -83,6 +118,7 @@ class EpisodeProcesses:
         try:
             conn.send_bytes(json.dumps({
                 "memory_bytes": self._workers.memory_bytes, "max_open_files": self._workers.max_open_files,
+                "uid": self._workers.uid if self.isolated else None,
                 "bounds": asdict(self._bounds),
                 "environments": [[index, entry.model_dump(mode="json")] for index, entry in self._entries],
             }).encode())
@@ -106,9 +142,12 @@ class EpisodeProcesses:
                 if self._control is None:
                     self._restart()
                 ours, theirs = socket.socketpair()
+                ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # before the child can write
                 try:
+                    if self._process.poll() is not None:  # bubblewrap gone: its namespace is going too
+                        raise OSError("the parent's bubblewrap exited")
                     socket.send_fds(self._control, [FORK], [theirs.fileno()])
-                    return ProcessEpisode(Connection(ours.detach()), self._bounds)
+                    return ProcessEpisode(Connection(ours.detach()), self._bounds, self._contain)
                 except OSError:
                     ours.close()
                     log.warning("the environments' parent process died (exit code %s); starting it again",
@@ -127,28 +166,41 @@ class EpisodeProcesses:
         except ConfigError as exc:  # it imported at the service's start: something changed or ran out since
             raise TemporarilyUnavailable(f"the environments' process could not be started again: {exc}") from None
 
+    def _contain(self, pid: int) -> Path | None:
+        """Puts an episode's process in a cgroup of its own (None where there are none)."""
+        if self.cgroups is None:
+            return None
+        return self.cgroups.episode(pid, f"episode-{next(self._names)}")
+
     def _kill_parent(self) -> None:
         if self._control is not None:
             self._control.close()
             self._control = None
-        try:
-            os.killpg(self._process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._process.wait()
+        if self._process is not None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._process.wait()
+        if self.cgroups is not None:
+            containment.kill(self.cgroups.base / "parent")
 
     def close(self) -> None:
         with self._lock:
             self._kill_parent()
+            if self.cgroups is not None:
+                self.cgroups.close()
 
 
 class ProcessEpisode:
     """One episode's process. `ask` raises BadReply with the episode's ended_reason; after that the process is
     dead."""
 
-    def __init__(self, conn: Connection, bounds: Bounds):
+    def __init__(self, conn: Connection, bounds: Bounds, contain: Callable[[int], Path | None]):
         self._conn = conn
         self._bounds = bounds
+        self._contain = contain
+        self._cgroup: Path | None = None
         self._pid: int | None = None
         self._max_reply = bounds.max_observation_bytes + bounds.max_info_bytes + _REPLY_SLACK
 
@@ -176,11 +228,11 @@ class ProcessEpisode:
     def _ask(self, message: list, timeout: float, answer: str, fields: int) -> list:
         try:
             if self._pid is None:
-                first = self._read(timeout)
-                if not (isinstance(first, list) and len(first) == 2 and first[0] == "pid"
-                        and isinstance(first[1], int) and not isinstance(first[1], bool)):
-                    self._fail(BAD_REPLY, "the episode's process did not start as expected")
-                self._pid = first[1]
+                self._pid = self._started(timeout)
+                try:
+                    self._cgroup = self._contain(self._pid)
+                except OSError as exc:
+                    self._fail(EXITED, f"the episode's process could not be put in its cgroup: {exc}")
             self._conn.send_bytes(json.dumps(message, ensure_ascii=False).encode())
             reply = self._read(timeout)
         except (EOFError, OSError):  # OSError: also the episode closed (and its socket with it) mid-step
@@ -190,6 +242,17 @@ class ProcessEpisode:
         if not (isinstance(reply, list) and len(reply) == fields + 1 and reply[0] == answer):
             self._fail(BAD_REPLY, "the environment's process answered out of contract")
         return reply[1:]
+
+    def _started(self, timeout: float) -> int:
+        """The pid of the episode's process, as the kernel gives it with its first byte."""
+        if not self._conn.poll(timeout):
+            self._fail(TIMEOUT, f"the episode's process did not start within {timeout:g} s")
+        with socket.socket(fileno=os.dup(self._conn.fileno())) as raw:
+            data, ancillary, _, _ = raw.recvmsg(1, socket.CMSG_SPACE(_CREDENTIALS.size))
+        for level, kind, value in ancillary:
+            if (level, kind) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS) and data == b"P":
+                return _CREDENTIALS.unpack(value[:_CREDENTIALS.size])[0]
+        raise EOFError
 
     def _read(self, timeout: float) -> Any:
         if not self._conn.poll(timeout):
@@ -216,10 +279,13 @@ class ProcessEpisode:
         raise BadReply(code, message)
 
     def kill(self) -> None:
-        if self._pid is not None:
+        if self._cgroup is not None:
+            containment.kill(self._cgroup)
+            self._cgroup = None
+        elif self._pid is not None:
             try:
                 os.killpg(self._pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            self._pid = None
+        self._pid = None
         self._conn.close()

@@ -7,7 +7,12 @@ of its own (killing it kills what it started), dying with the parent (PR_SET_PDE
 service over that socket until the service closes it. A fork costs a millisecond and shares the imported code;
 an episode that hangs or crashes takes no other episode with it.
 
-Messages (JSON lists) on an episode's socket: the child first sends ["pid", PID]; then the service sends
+Under isolation (workers.isolation) the parent runs in bubblewrap's process and IPC namespaces and, before it imports
+anything of the user's, becomes workers.uid. The service puts each episode's process in a cgroup of its own
+(containment.py), by the pid the kernel gives it with the child's first byte (SCM_CREDENTIALS: unforgeable, and the
+service's view of it, not the namespace's).
+
+Messages (JSON lists) on an episode's socket: the child first sends one byte (its credentials); then the service sends
 ["open", ENVIRONMENT, ROW] and ["step", TEXT], answered by ["opened", OPENING_JSON] and ["stepped", OBSERVATION,
 REWARD, DONE, INFO, TOOL_CALLS], or ["failed", CODE, MESSAGE] when the environment did wrong.
 """
@@ -40,7 +45,7 @@ def _send(conn: Connection, message: list) -> None:
 
 
 def _serve_episode(conn: Connection, plans: dict[str, Blueprint], bounds: Bounds) -> None:
-    _send(conn, ["pid", os.getpid()])
+    os.write(conn.fileno(), b"P")  # the kernel attaches this process's credentials for the service to read
     episode = None
     while True:
         try:
@@ -102,6 +107,18 @@ def _become_episode(fd: int, control: socket.socket, plans: dict[str, Blueprint]
         os.killpg(0, signal.SIGKILL)
 
 
+def _become(uid: int) -> None:
+    """Drops root for good, before any user's code: workers.uid, no supplementary groups, no way back."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    try:
+        os.setuid(0)
+    except PermissionError:
+        return
+    raise RuntimeError("the environments' process could become root again")
+
+
 def _parent(fd: int, service_pid: int) -> None:
     control = socket.socket(fileno=fd)
     conn = Connection(os.dup(fd))
@@ -110,6 +127,8 @@ def _parent(fd: int, service_pid: int) -> None:
     # Hard limits, before any user's module is imported: its code cannot raise them again.
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+    if settings["uid"] is not None:
+        _become(settings["uid"])
     bounds = Bounds(**settings["bounds"])
     plans = {}
     for index, entry in settings["environments"]:
@@ -126,7 +145,7 @@ def _parent(fd: int, service_pid: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     while True:
         readable, _, _ = select.select([control], [], [], _ORPHAN_CHECK_SECONDS)
-        if os.getppid() != service_pid:
+        if service_pid and os.getppid() != service_pid:  # 0: in a namespace of its own, where the service is not
             return
         if not readable:
             continue
