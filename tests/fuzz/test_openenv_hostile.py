@@ -1,6 +1,7 @@
 """The OpenEnv server in front of the environment service (zerobubble.environment.openenv_server) under the fuzz:
-the hostile JSON bodies of the reward service's HTTP fuzz to /reset and /step, and garbage WebSocket messages, each
-answered below 500 (or with an error message) at once, while the server goes on playing episodes."""
+the hostile JSON bodies of the reward service's HTTP fuzz to /reset and /step, garbage WebSocket messages, trickled
+heads and bodies, oversized bodies and requests from another Host or Origin, each answered below 500 (or with an
+error message) at once, while the server goes on playing episodes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -18,10 +20,12 @@ import pytest
 from zerobubble.common.config import load_config
 from zerobubble.environment.app import build
 from zerobubble.environment.config import EnvironmentServiceConfig
-from zerobubble.tooling.fuzz.http_abuse import hostile_bodies
+from zerobubble.tooling.fuzz.http_abuse import hostile_bodies, trickle
 from zerobubble.tooling.fuzz.wire import post_status
 
 ANSWER_WITHIN_S = 10.0
+DEADLINE_S = 2.0
+MAX_BODY = 1 << 20
 # As tests/fuzz/conftest.py reads it (not imported from there: another folder's conftest may hold that name).
 SEED = int(os.environ.get("ZEROBUBBLE_FUZZ_SEED", "0"))
 WS_GARBAGE = ["not json", "[]", "null", '{"type": "reset", "data": [1]}', '{"type": "step", "data": {}}',
@@ -42,7 +46,8 @@ def openenv_port():
     host = build(config).start()
     port = _free_port()
     process = subprocess.Popen([sys.executable, "-m", "zerobubble.environment.openenv_server", "--set",
-                                f"listen=127.0.0.1:{port}", "--set", f"environment.address={host.address}"])
+                                f"listen=127.0.0.1:{port}", "--set", f"environment.address={host.address}",
+                                "--set", f"request_deadline_s={DEADLINE_S}", "--set", f"max_body_bytes={MAX_BODY}"])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -97,4 +102,48 @@ def test_garbage_websocket_messages_get_errors_and_the_session_goes_on(openenv_p
             except ConnectionClosed:
                 answers[message[:40]] = "closed"
     assert set(answers.values()) <= {"error", "closed"}, answers
+    assert _plays(openenv_port)
+
+
+@pytest.mark.parametrize("part", ["head", "body"])
+@pytest.mark.parametrize("path", ["/reset", "/step"])
+def test_a_trickling_sender_is_cut_at_the_requests_deadline(openenv_port, part, path):
+    waited, answer = trickle("127.0.0.1", openenv_port, path, part, every_s=0.5, give_up_s=6 * DEADLINE_S)
+    assert waited < 3 * DEADLINE_S and answer.startswith(b"HTTP/1.1 408"), (waited, answer[:200])
+    assert _plays(openenv_port)
+
+
+def _status_of_declared(port: int, path: str, declared: int) -> bytes:
+    """The status line answered to a head declaring a `declared`-byte body, of which 64 KiB are sent."""
+    with socket.create_connection(("127.0.0.1", port), timeout=ANSWER_WITHIN_S) as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {declared}\r\n\r\n".encode() + b'{"row": {"x": "' + b"a" * 65536)
+        return conn.makefile("rb").readline()
+
+
+def test_a_body_over_the_limit_is_refused_with_413(openenv_port):
+    for path in ("/reset", "/step"):
+        assert _post(openenv_port, path, b'{"row": {"x": "' + b"a" * MAX_BODY + b'"}}') == 413, path
+        for declared in (MAX_BODY + 1, 100 * MAX_BODY):
+            status = _status_of_declared(openenv_port, path, declared)
+            assert status.startswith(b"HTTP/1.1 413"), (path, declared, status)
+    assert _plays(openenv_port)
+
+
+@pytest.mark.parametrize("headers", [{"Host": "rebind.evil.example"}, {"Origin": "http://evil.example"},
+                                     {"Origin": "null"}])
+def test_a_request_or_websocket_from_elsewhere_is_refused(openenv_port, headers):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    request = urllib.request.Request(f"http://127.0.0.1:{openenv_port}/reset", data=b"{}",
+                                     headers={"Content-Type": "application/json", **headers})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=ANSWER_WITHIN_S)
+    assert refused.value.code == 403
+    sock = socket.create_connection(("127.0.0.1", openenv_port), timeout=ANSWER_WITHIN_S)
+    host = headers.get("Host", f"127.0.0.1:{openenv_port}")
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"ws://{host}/ws", sock=sock, origin=headers.get("Origin"), open_timeout=ANSWER_WITHIN_S)
+    assert refused.value.response.status_code == 403
     assert _plays(openenv_port)
