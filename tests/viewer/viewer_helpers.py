@@ -89,11 +89,13 @@ def get_json(base: str, target: str, host: str | None = None) -> tuple[int, dict
     return status, json.loads(body)
 
 
-def chromium(url: str, *, screenshot: Path | None = None, height: int = 1000) -> tuple[str, list[str]]:
+def chromium(url: str, *, screenshot: Path | None = None, height: int = 1000,
+             net_log: Path | None = None) -> tuple[str, list[str]]:
     """`url` in headless chromium until the page's requests have settled: the DOM as it then stands, and every
     console message the page printed (the viewer prints none, so each is an error, a refused request or a
-    content-security violation)."""
+    content-security violation). `net_log`: where chromium writes every request it made (see page_requests)."""
     output = ["--screenshot=" + str(screenshot)] if screenshot else ["--dump-dom"]
+    output += [f"--log-net-log={net_log}"] if net_log else []
     done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                            "--enable-logging=stderr", "--v=0", "--virtual-time-budget=8000",
                            f"--window-size=1280,{height}", *output, url],
@@ -101,3 +103,11 @@ def chromium(url: str, *, screenshot: Path | None = None, height: int = 1000) ->
     assert done.returncode == 0, done.stderr[-3000:]
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
     return done.stdout, console
+
+
+def page_requests(net_log: Path) -> set[tuple[str, str]]:
+    """(initiator, URL) of every request a page made, from chromium's net log (the browser's own requests, such as
+    its update checks, have no page as initiator and are left out)."""
+    events = json.loads(net_log.read_text())["events"]
+    return {(params["initiator"], params["url"]) for event in events if (params := event.get("params"))
+            and "url" in params and params.get("initiator", "not an origin") != "not an origin"}
