@@ -59,13 +59,15 @@ def test_shipped_config_files_validate():
     from pathlib import Path
 
     from zerobubble.buffer.config import BufferServiceConfig
+    from zerobubble.environment.config import EnvironmentServiceConfig
     from zerobubble.rollout.config import RolloutServiceConfig
     from zerobubble.tooling.launcher.config import UpConfig
     from zerobubble.trainer.config import TrainerServiceConfig
 
     root = Path(__file__).resolve().parents[2]
     schemas = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "rollout": RolloutServiceConfig,
-               "trainer": TrainerServiceConfig, "demo": UpConfig, "up": UpConfig}
+               "trainer": TrainerServiceConfig, "environment": EnvironmentServiceConfig, "demo": UpConfig,
+               "up": UpConfig}
     files = sorted([*configs.DIRECTORY.glob("*.yaml"), *root.glob("deploy/hosts/*.yaml")])
     assert files
     for path in files:
