@@ -59,6 +59,25 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
         PresetRunDefaults(), advantage_estimator="grpo", clip_low=3e-4, clip_high=4e-4, beta=0.0,
         aggregation="sample_level", ratio_level="sequence",
     ),
+    # CISPO (MiniMax-M1, arXiv 2506.13585): a clipped, detached importance weight on the REINFORCE term, token-level
+    # mean, no KL. The paper sets no lower bound and gives no single upper one: DAPO's clip-higher 0.28 here.
+    "CISPO": _preset(
+        PresetRunDefaults(), advantage_estimator="grpo", clip_low=0.2, clip_high=0.28, beta=0.0,
+        aggregation="token_level", surrogate="cispo",
+    ),
+    # SAPO (Qwen, arXiv 2511.20347): the soft gate with the paper's tau_pos 1.0 and tau_neg 1.05, each sample's token
+    # mean (its objective's 1 / |y_i|), no KL.
+    "SAPO": _preset(
+        PresetRunDefaults(), advantage_estimator="grpo", beta=0.0, aggregation="sample_level", surrogate="sapo",
+        sapo_tau_positive=1.0, sapo_tau_negative=1.05,
+    ),
+    # DPPO (Qi et al., arXiv 2602.04879): the binary-TV trust region, token-level mean, no KL. Like every preset it
+    # anchors on the policy before the step and weights by pi_old / pi_behaviour (decoupled); off_policy
+    # 'behaviour_ratio' anchors on the sampler's policy, the paper's mu.
+    "DPPO": _preset(
+        PresetRunDefaults(), advantage_estimator="grpo", beta=0.0, aggregation="token_level", surrogate="dppo",
+        dppo_delta=0.15,
+    ),
 })
 
 # The names as a type, for the schemas that take one (pydantic checks the value and lists the names).

@@ -47,6 +47,12 @@ FIGURES: tuple[Figure, ...] = (
            loss_stat="behaviour_weight_max"),
     Figure("behaviour_weight_capped_fraction", "fraction of tokens whose importance weight exceeded the cap",
            loss_stat="capped_fraction"),
+    Figure("mismatch_masked_fraction", "fraction of tokens left out by the rollout-trainer mismatch mask",
+           loss_stat="mismatch_masked_fraction"),
+    Figure("rollout_gap_kl", "k3 KL(pi_behaviour || pi_old) on the tokens drawn by the weights trained (the "
+           "engines' gap, staleness apart)", loss_stat="gap_kl_mean"),
+    Figure("rollout_gap_abs", "mean |log pi_old - log pi_behaviour| on the tokens drawn by the weights trained",
+           loss_stat="gap_abs_mean"),
     # From the batch trained on (services/trainer/loop.py, experience_figures).
     Figure("answer_accuracy", "fraction of the last step's samples with a correct answer"),
     Figure("format_accuracy", "fraction of the last step's samples with a valid format"),

@@ -116,6 +116,7 @@ class PolicyUpdate:
                     normaliser=normaliser.to(device),
                     ref_logp=None if ref_logp is None else ref_logp[micro].to(device),
                     behaviour_logp=part.behaviour_logprobs.to(device), entropy=current.entropy,
+                    current_tokens=(part.token_versions == policy_version).to(device),
                 )
                 strategy.backward(loss)
                 figures.add(float(loss.detach()), stats)
@@ -152,6 +153,8 @@ class PolicyUpdate:
 # LossStats field -> the step figure's name in metrics.jsonl, by how micro-batches combine it.
 MEAN_FIGURES = {f.loss_stat: f.name for f in FIGURES if f.loss_stat and f.ranks != "max"}
 MAX_FIGURES = {f.loss_stat: f.name for f in FIGURES if f.loss_stat and f.ranks == "max"}
+# Means over a subset of the tokens, weighted by that subset's count rather than by the effective tokens.
+OWN_COUNTS = {"gap_kl_mean": "gap_tokens", "gap_abs_mean": "gap_tokens"}
 
 
 @dataclass
@@ -163,6 +166,7 @@ class StepFigures:
     grad_norm: float = 0.0
     lr: float = 0.0
     weighted: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
     maxima: dict[str, float] = field(default_factory=dict)
 
     def add(self, loss: float, stats: LossStats) -> None:
@@ -172,7 +176,9 @@ class StepFigures:
         for name, key in MEAN_FIGURES.items():
             value = getattr(stats, name)
             if value is not None:
-                self.weighted[key] = self.weighted.get(key, 0.0) + float(value) * tokens
+                count = float(getattr(stats, OWN_COUNTS[name])) if name in OWN_COUNTS else tokens
+                self.weighted[key] = self.weighted.get(key, 0.0) + float(value) * count
+                self.counts[key] = self.counts.get(key, 0.0) + count
         for name, key in MAX_FIGURES.items():
             value = getattr(stats, name)
             if value is not None and tokens:
@@ -181,5 +187,5 @@ class StepFigures:
     def as_dict(self) -> dict[str, float]:
         out = {"loss": self.loss, "grad_norm": self.grad_norm, "lr": self.lr, **self.maxima}
         for key, total in self.weighted.items():
-            out[key] = total / self.tokens if self.tokens else 0.0
+            out[key] = total / self.counts[key] if self.counts[key] else 0.0
         return out

@@ -51,7 +51,7 @@ def test_paper_presets_dr_grpo_and_gspo():
 
 
 def test_every_preset_is_a_valid_config_and_presets_cannot_be_mutated():
-    assert set(PRESETS) == {"GRPO", "DAPO", "RLOO", "REINFORCE_PPB", "DR_GRPO", "GSPO"}
+    assert set(PRESETS) == {"GRPO", "DAPO", "RLOO", "REINFORCE_PPB", "DR_GRPO", "GSPO", "CISPO", "SAPO", "DPPO"}
     for name in PRESETS:
         assert isinstance(algorithm_config(name), AlgorithmConfig)
     with pytest.raises(TypeError):
@@ -78,6 +78,12 @@ def test_every_preset_corrects_stale_samples_with_the_decoupled_objective_by_def
     ({"off_policy": "importance"}, "off_policy"),
     ({"filter_range": (0.9, 0.1)}, "filter_range"),
     ({"ratio_level": "sequence", "aggregation": "token_level"}, "ratio_level"),
+    ({"ratio_level": "sequence", "aggregation": "sample_level", "surrogate": "cispo"}, "surrogate"),
+    ({"surrogate": "clip"}, "surrogate"),
+    ({"mismatch_mask": "icepop", "off_policy": "none"}, "mismatch_mask"),
+    ({"mismatch_mask": "tokens"}, "mismatch_mask"),
+    ({"mismatch_high": 0.9}, "mismatch_high"),
+    ({"dppo_delta": 0.0}, "dppo_delta"),
 ])
 def test_bad_overrides_name_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field):

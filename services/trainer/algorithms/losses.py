@@ -11,6 +11,8 @@ they enter the loss; the default, AReaL's decoupled objective, clips against old
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -35,6 +37,12 @@ class LossStats:
     behaviour_weight_mean: Tensor | None = None
     behaviour_weight_max: Tensor | None = None
     capped_fraction: Tensor | None = None
+    mismatch_masked_fraction: Tensor | None = None
+    # The rollout-trainer gap on tokens drawn by the weights being trained (staleness apart): the k3 estimate of
+    # KL(pi_behaviour || pi_old) and the mean |log pi_old - log pi_behaviour|, means over gap_tokens tokens.
+    gap_kl_mean: Tensor | None = None
+    gap_abs_mean: Tensor | None = None
+    gap_tokens: Tensor | None = None
 
 
 def local_normaliser(mask: Tensor, aggregation: Aggregation, *, max_new_tokens: int | None = None) -> Tensor:
@@ -116,6 +124,56 @@ def behaviour_weight(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor,
         # min(pi_old / pi_behaviour, cap).
         applied = raw.clamp(max=config.behaviour_weight_cap)
     return BehaviourWeight(raw, applied, capped)
+def mismatch_keep(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, config: AlgorithmConfig) -> Tensor | None:
+    """[N, T] bool: the tokens `config.mismatch_mask` keeps, judged by the behaviour weight w_t = pi_old /
+    pi_behaviour against [mismatch_low, mismatch_high]; None when no mask is set."""
+    if config.mismatch_mask == "none":
+        return None
+    log_weight = torch.where(mask, old_logp - behaviour_logp, 0.0).detach()
+    if config.mismatch_mask == "icepop":
+        # IcePop (inclusionAI, the Ring-1T report): a token whose weight leaves the band is masked, both ways.
+        statistic = log_weight
+    elif config.mismatch_mask == "sequence":
+        # TRL's sequence-level masked importance sampling: the sample's weight prod_t w_t, whole samples masked.
+        statistic = log_weight.sum(dim=1, keepdim=True)
+    else:
+        # verl's geometric-mean rejection: exp(mean_t log w_t), length-neutral where the product is not.
+        statistic = log_weight.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
+    low = math.log(config.mismatch_low) if config.mismatch_low > 0 else -math.inf
+    keep = (statistic >= low) & (statistic <= math.log(config.mismatch_high))
+    return keep.expand_as(mask) & mask
+
+
+def surrogate(logp: Tensor, denominator_logp: Tensor, ratio: Tensor, advantages: Tensor,
+              config: AlgorithmConfig) -> tuple[Tensor, Tensor]:
+    """[N, T] per-token losses of `config.surrogate` and where each held the token's gradient back (clipped,
+    capped or masked). ratio = pi / pi_denominator (token level); the formulas and sources are in
+    docs/concepts/objective.md."""
+    if config.surrogate == "cispo":
+        # CISPO (MiniMax-M1, arXiv 2506.13585): the importance weight is clipped and detached, and multiplies the
+        # REINFORCE term, so every token keeps its gradient: -sg(min(r, 1 + eps_high)) A log pi. No lower bound.
+        capped = ratio.detach() > 1 + config.clip_high
+        weight = ratio.detach().clamp(max=1 + config.clip_high)
+        return -(weight * advantages) * logp, capped
+    if config.surrogate == "sapo":
+        # SAPO (Qwen, arXiv 2511.20347): a smooth gate f(r) = (4 / tau) sigmoid(tau (r - 1)) in place of the clip;
+        # its gradient 4 sigmoid (1 - sigmoid) * r grad log pi is the plain one at r = 1 and fades away from it,
+        # faster for negative advantages (tau_neg > tau_pos).
+        tau = torch.full_like(ratio, config.sapo_tau_negative).masked_fill(advantages > 0, config.sapo_tau_positive)
+        return -(4 / tau) * torch.sigmoid(tau * (ratio - 1)) * advantages, torch.zeros_like(ratio, dtype=torch.bool)
+    if config.surrogate == "dppo":
+        # DPPO (Qi et al., arXiv 2602.04879, Eq. 11 with the binary total variation): -M r A, where M drops a token
+        # whose probability already moved more than delta from the denominator's in the direction its advantage
+        # pushes (up for A > 0, down for A < 0); no ratio clip.
+        moved = (logp.exp() - denominator_logp.exp()).detach()
+        masked = ((advantages > 0) & (moved > config.dppo_delta)) | ((advantages < 0) & (-moved > config.dppo_delta))
+        return -torch.where(masked, 0.0, ratio * advantages), masked
+    # PPO clipping with DAPO's decoupled bounds: -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A).
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high) * advantages
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
 def aggregate(per_token: Tensor, mask: Tensor, aggregation: Aggregation, normaliser: Tensor | float) -> Tensor:
     """Reduce [N, T] per-token losses to the micro-batch's share of the mini-batch loss."""
     masked = torch.where(mask, per_token, 0.0)
@@ -141,14 +199,16 @@ def policy_loss(
     ref_logp: Tensor | None = None,
     behaviour_logp: Tensor | None = None,
     entropy: Tensor | None = None,
+    current_tokens: Tensor | None = None,
 ) -> tuple[Tensor, LossStats]:
-    """The clipped surrogate (plus beta * k3 KL) of one micro-batch, scaled by the mini-batch `normaliser`.
+    """The surrogate (`config.surrogate`, plus beta * k3 KL) of one micro-batch, scaled by the mini-batch `normaliser`.
 
     logp [N, T] (with gradients); old_logp [N, T]: the policy before this update (the proximal policy; unused
     with off_policy 'behaviour_ratio'); behaviour_logp [N, T]: the sampler's log-probs (needed unless off_policy
     is 'none'); advantages [N, T] or [N]; mask [N, T] (effective response tokens: padding, filtered samples and
-    overlong-filtered samples are 0). normaliser: `mini_batch_normaliser` over every micro-batch of the
-    optimizer step and every rank. ref_logp is needed when beta > 0.
+    overlong-filtered samples are 0). current_tokens [N, T] bool: the tokens drawn by the weights being trained
+    (for the rollout-trainer gap figures; None: no figures). normaliser: `mini_batch_normaliser` over every
+    micro-batch of the optimizer step and every rank. ref_logp is needed when beta > 0.
     Values at masked positions are never read, so padding may hold anything, NaN included.
     """
     mask = mask.bool()
@@ -168,16 +228,15 @@ def policy_loss(
     logp, advantages = effective(logp), effective(advantages)
     # Colossal-RL's ratio is against the sampler (behaviour_ratio); PPO's against the policy before the update.
     denominator = behaviour_logp if config.off_policy == "behaviour_ratio" else old_logp
-    ratio = importance_ratio(logp, effective(denominator).detach(), mask, config.ratio_level)
-    unclipped = ratio * advantages
-    # PPO clipping with DAPO's decoupled bounds: -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A).
-    clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
+    denominator = effective(denominator).detach()
+    ratio = importance_ratio(logp, denominator, mask, config.ratio_level)
+    per_token, held_back = surrogate(logp, denominator, ratio, advantages, config)
 
-    weight = None
+    weight = keep = None
     if config.off_policy in ("decoupled", "truncated_is"):
         weight = behaviour_weight(effective(old_logp), effective(behaviour_logp), mask, config)
-        per_token = per_token * weight.applied
+        keep = mismatch_keep(effective(old_logp), effective(behaviour_logp), mask, config)
+        per_token = per_token * (weight.applied if keep is None else torch.where(keep, weight.applied, 0.0))
     kl = None
     if ref_logp is not None:
         kl = k3_kl(logp, effective(ref_logp).detach())
@@ -185,12 +244,30 @@ def policy_loss(
             per_token = per_token + config.beta * kl
 
     loss = aggregate(per_token, mask, config.aggregation, normaliser)
-    return loss, _stats(mask, ratio, advantages, clipped < unclipped, kl, entropy, weight)
+    stats = _stats(mask, ratio, advantages, held_back, kl, entropy, weight, keep)
+    if current_tokens is not None and behaviour_logp is not None and old_logp is not None:
+        stats = _with_gap(stats, effective(old_logp).detach(), effective(behaviour_logp), mask & current_tokens.bool())
+    return loss, stats
+
+
+def _with_gap(stats: LossStats, old_logp: Tensor, behaviour_logp: Tensor, current: Tensor) -> LossStats:
+    """The engine's gap alone: on tokens the trained weights drew, pi_old and pi_behaviour are one policy in exact
+    arithmetic, so whatever separates them is the engines' numerics (or a sampling support not replayed)."""
+    with torch.no_grad():
+        count = current.sum()
+
+        def mean(values: Tensor) -> Tensor:
+            return torch.where(current, values, 0.0).sum() / count.clamp(min=1)
+
+        # k3 with samples from pi_behaviour: r - 1 - log r, r = pi_old / pi_behaviour (non-negative per token).
+        gap_kl = mean(k3_kl(behaviour_logp, old_logp))
+        gap_abs = mean((old_logp - behaviour_logp).abs())
+    return dataclasses.replace(stats, gap_kl_mean=gap_kl, gap_abs_mean=gap_abs, gap_tokens=count)
 
 
 def _stats(
     mask: Tensor, ratio: Tensor, advantages: Tensor, was_clipped: Tensor, kl: Tensor | None, entropy: Tensor | None,
-    weight: BehaviourWeight | None,
+    weight: BehaviourWeight | None, keep: Tensor | None,
 ) -> LossStats:
     count = mask.sum()
     with torch.no_grad():
@@ -211,4 +288,5 @@ def _stats(
             behaviour_weight_mean=None if weight is None else mean(weight.raw),
             behaviour_weight_max=None if weight is None else torch.where(mask, weight.raw, 0.0).max(),
             capped_fraction=None if weight is None else mean(weight.capped),
+            mismatch_masked_fraction=None if keep is None else mean(~keep),
         )

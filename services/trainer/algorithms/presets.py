@@ -13,6 +13,8 @@ AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 Aggregation = Literal["sample_level", "token_level", "constant"]
 RatioLevel = Literal["token", "sequence"]
 OffPolicyCorrection = Literal["decoupled", "truncated_is", "behaviour_ratio", "none"]
+Surrogate = Literal["clipped", "cispo", "sapo", "dppo"]
+MismatchMask = Literal["none", "sequence", "icepop", "geometric_mean"]
 
 
 class AlgorithmConfig(Schema):
@@ -47,6 +49,26 @@ class AlgorithmConfig(Schema):
     behaviour_weight_cap: float = Field(
         5.0, gt=1, description="cap of the behaviour weight pi_old / pi_behaviour (decoupled, truncated_is)"
     )
+    surrogate: Surrogate = Field(
+        "clipped", description="the per-token objective (docs/concepts/objective.md). clipped: PPO's "
+        "-min(r A, clip(r) A); cispo: -sg(min(r, 1 + clip_high)) A log pi (MiniMax-M1); sapo: -(4 / tau) "
+        "sigmoid(tau (r - 1)) A, a soft gate in place of the clip (SAPO); dppo: -M r A, tokens whose probability "
+        "moved more than dppo_delta in the advantage's direction masked (DPPO)"
+    )
+    sapo_tau_positive: float = Field(1.0, gt=0, description="SAPO's gate temperature for tokens with A > 0")
+    sapo_tau_negative: float = Field(1.05, gt=0, description="SAPO's gate temperature for tokens with A < 0")
+    dppo_delta: float = Field(
+        0.15, gt=0, lt=1, description="DPPO's trust region: the largest change of a sampled token's probability "
+        "(binary total variation) in the advantage's direction before the token is masked"
+    )
+    mismatch_mask: MismatchMask = Field(
+        "none", description="tokens left out for the rollout-trainer mismatch, judged by the behaviour weight "
+        "pi_old / pi_behaviour (with decoupled or truncated_is). sequence: a sample whose weight product leaves "
+        "[mismatch_low, mismatch_high] (TRL's sequence-level masked IS); icepop: a token whose weight leaves it "
+        "(IcePop); geometric_mean: a sample whose geometric-mean weight leaves it (verl's rejection sampling)"
+    )
+    mismatch_low: float = Field(0.5, ge=0, lt=1, description="lower bound of the weight mismatch_mask keeps")
+    mismatch_high: float = Field(2.0, gt=1, description="upper bound of the weight mismatch_mask keeps")
     overlong_filtering: bool = Field(False, description="truncated responses are masked out of the loss")
     soft_overlong_punishment: bool = Field(
         False, description="DAPO's length penalty near max_new_tokens; truncated responses get no answer reward"
@@ -72,6 +94,11 @@ class AlgorithmConfig(Schema):
         # GSPO's objective averages one clipped term per sequence; token_level would weight long answers more.
         if self.ratio_level == "sequence" and self.aggregation != "sample_level":
             raise ValueError("ratio_level 'sequence' needs aggregation 'sample_level' (GSPO averages per sequence)")
+        if self.ratio_level == "sequence" and self.surrogate != "clipped":
+            raise ValueError(f"surrogate {self.surrogate!r} is per token: it needs ratio_level 'token'")
+        if self.mismatch_mask != "none" and self.off_policy not in ("decoupled", "truncated_is"):
+            raise ValueError(f"mismatch_mask {self.mismatch_mask!r} reads the behaviour weight: it needs off_policy "
+                             f"'decoupled' or 'truncated_is', not {self.off_policy!r}")
         return self
 
 
