@@ -5,8 +5,10 @@ the real hooks, with one fault in it. (A guide command that no longer works fail
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
-from docs_build import ROOT, build
+from docs_build import MKDOCS, ROOT, build
 
 CLEAN_GUIDE = ("# A guide\n\n```bash\nzerobubble config reward\n```\n\n"
                "<!-- skip: next \"starts a training run\" -->\n```bash\nzerobubble up\n```\n\n"
@@ -14,7 +16,8 @@ CLEAN_GUIDE = ("# A guide\n\n```bash\nzerobubble config reward\n```\n\n"
                "reads them.\n")
 
 
-def site(tmp_path, guide: str = CLEAN_GUIDE, architecture: str | None = None):
+def write_site(tmp_path, guide: str = CLEAN_GUIDE, architecture: str | None = None):
+    """A small site's mkdocs.yml: a home page, the real architecture page (or the one given) and one guide."""
     docs = tmp_path / "docs"
     (docs / "concepts").mkdir(parents=True)
     (docs / "guides").mkdir()
@@ -26,7 +29,11 @@ def site(tmp_path, guide: str = CLEAN_GUIDE, architecture: str | None = None):
     hooks = "".join(f"  - {ROOT / 'docs' / 'hooks' / name}\n" for name in ("checks.py", "tree.py"))
     (tmp_path / "mkdocs.yml").write_text(f"site_name: t\nstrict: true\nhooks:\n{hooks}validation:\n  links:\n"
                                          "    not_found: ignore\n    unrecognized_links: ignore\n")
-    return build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    return tmp_path / "mkdocs.yml"
+
+
+def site(tmp_path, guide: str = CLEAN_GUIDE, architecture: str | None = None):
+    return build(write_site(tmp_path, guide, architecture), tmp_path / "site")
 
 
 @pytest.fixture(autouse=True)
@@ -80,3 +87,14 @@ def test_a_guide_command_that_neither_runs_nor_says_why_fails_the_build(tmp_path
     assert done.returncode != 0
     assert "guides/guide.md: line 14: a block of commands without its language" in done.stderr
     assert "guides/guide.md: line 19: `skip: next` gives no reason" in done.stderr
+
+
+def test_make_docs_fails_on_what_the_checks_find(tmp_path):
+    # `make docs` runs its own command line, not build() above: it must count the hooks' warnings too (with
+    # --quiet, mkdocs leaves them out of strict mode's count and the build passes).
+    recipe = (ROOT / "Makefile").read_text().split("\ndocs:", 1)[1].split("\n")[1].strip()
+    config = write_site(tmp_path, CLEAN_GUIDE + "\nThe launcher is `services/launcher/run.py`.\n")
+    command = recipe.replace("$(VENV)/bin/mkdocs", MKDOCS) + f" -f {config} -d {tmp_path / 'site'}"
+    done = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0, command
+    assert "`services/launcher/run.py` does not exist in the repository" in done.stderr
