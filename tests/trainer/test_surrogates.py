@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
-from strategy_helpers import VOCAB, make_tiny_model, strategy_config
+from behaviour_cases import GENERATIONS, GROUPS, behaviour_groups, own_logprobs
+from strategy_helpers import make_tiny_model, strategy_config
 
-from zerobubble.common.codec import encode_array
 from zerobubble.trainer.algorithms import algorithm_config, policy_loss
 from zerobubble.trainer.collate import collate
 from zerobubble.trainer.strategies import make_strategy
 from zerobubble.trainer.update import PolicyUpdate, UpdateSettings
-from zerobubble.v1 import common_pb2
 
 F64 = torch.float64
 # One sample of four tokens: old probabilities 0.5; the current ones 0.5, 0.8, 0.25, 0.2 (ratios 1, 1.6, 0.5, 0.4).
@@ -66,46 +64,9 @@ def test_dppo_masks_a_token_only_when_it_moved_past_delta_the_way_its_advantage_
     assert stats.clip_fraction.item() == pytest.approx(0.5)
 
 
-GROUPS, GENERATIONS = 2, 4
-
-
-def behaviour_groups(model_dir, shift: float) -> list[common_pb2.ExperienceGroup]:
-    """Groups whose behaviour log-probs are the model's own minus `shift`: the behaviour weight is e^shift."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    rng = np.random.default_rng(0)
-    groups = []
-    for g in range(GROUPS):
-        prompt = rng.integers(3, VOCAB, 4, dtype=np.int32)
-        group = common_pb2.ExperienceGroup(prompt_ids=encode_array(prompt))
-        for i in range(GENERATIONS):
-            response = rng.integers(3, VOCAB, 3 + i % 2, dtype=np.int32)
-            ids = torch.tensor(np.concatenate([prompt, response]))[None].long()
-            with torch.no_grad():
-                logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1:-1].double(), -1)
-            own = logp.gather(1, torch.tensor(response).long()[:, None]).squeeze(1).numpy()
-            group.trajectories.add(
-                response_ids=encode_array(response), behaviour_logprobs=encode_array((own - shift).astype(np.float32)),
-                finish_reason=common_pb2.FINISH_REASON_STOP, reward=float((i + g) % 2), temperature=1.0,
-                policy_version=0)
-        groups.append(group)
-    return groups
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def own_logprobs(model_dir, batch) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids).logits[:, batch.prompt_length - 1:-1].double()
-    return torch.log_softmax(logits, -1).gather(2, batch.response_ids[..., None]).squeeze(-1)
 
 
 @pytest.mark.parametrize("preset", ["CISPO", "SAPO", "DPPO"])
