@@ -10,23 +10,21 @@ skips it. Every container sits on a network compose makes `internal`: nothing re
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 import yaml
-from compose_stack import DEPLOY, IMAGE, PROMETHEUS_IMAGE, Stack
+from compose_stack import DEPLOY, IMAGE, PROMETHEUS_IMAGE, Stack, sandbox_cgroups
 
 PROMPTS, GENERATIONS = 128, 4
 GROUPS_PER_STEP = yaml.safe_load((DEPLOY / "compose" / "cpu" / "trainer.yaml").read_text())["batch"]["groups_per_step"]
 MOST_STEPS = PROMPTS // GROUPS_PER_STEP  # fewer where groups are dropped as stale
-SERVICES = ("reward", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus")
-SCRAPED = {"reward": 1, "buffer": 1, "rollout": 2, "trainer": 1}
+SERVICES = ("reward", "environment", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus")
+SCRAPED = {"reward": 1, "environment": 1, "buffer": 1, "rollout": 2, "trainer": 1}
 
 BUFFER_STATS = ("import json; from zerobubble.buffer.config import BufferServiceConfig; "
                 "from zerobubble.buffer.core import Buffer; from zerobubble.common.config import load_config; "
@@ -39,6 +37,22 @@ CODE_SCORE = ("import json, sys; from zerobubble.common.config import ClientConf
               "tests = {'inputs': ['2 3\\n'], 'outputs': ['5\\n']}; "
               "r = [c.score('code', '```python\\n' + p + '\\n```', test_cases=tests) for p in sys.argv[1:]]; "
               "print(json.dumps([[x.reward, x.reason] for x in r]))")
+
+# One episode of the environment service's python tool per program: the tool's answer (the observation) of each.
+PYTHON_TOOL = """
+import json, sys
+from zerobubble.common.clients.environment import EnvironmentClient
+from zerobubble.common.config import ClientConfig
+c = EnvironmentClient(ClientConfig(address='127.0.0.1:50056', auth_token_file='/run/secrets/zerobubble_token',
+                                   timeout_seconds=60))
+answers = []
+for program in sys.argv[1:]:
+    episode = c.open_episode('python', {'messages': [{'role': 'user', 'content': 'Run it.'}]}).episode_id
+    call = '<tool_call>' + json.dumps({'name': 'python', 'arguments': {'code': program}}) + '</tool_call>'
+    answers.append(json.loads(c.step_episode(episode, call).observation_json))
+    c.close_episode(episode)
+print(json.dumps(answers))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -54,19 +68,14 @@ def stack(images, tmp_path_factory):
                     "grafana_admin_password": {"file": str(folder / "grafana_password")}},
     }))
     name = f"zbtest{uuid.uuid4().hex[:8]}"
-    # The sandbox's cgroup of this project alone: every reward container is pid 1 and names its cgroups by pid.
-    v1 = Path("/sys/fs/cgroup/memory").is_dir()
-    cgroup = Path("/sys/fs/cgroup/memory" if v1 else "/sys/fs/cgroup", f"zerobubble-sandbox-{name}")
-    env = {**os.environ, "ZB_IMAGE": IMAGE, "ZB_PROMETHEUS_IMAGE": PROMETHEUS_IMAGE, "ZB_PROMPTS": str(PROMPTS),
-           "ZB_SANDBOX_CGROUP": str(cgroup), "ZB_SANDBOX_CGROUP_MOUNT": str(cgroup.parent)}
-    project = Stack(name, [DEPLOY / "docker-compose.yml", DEPLOY / "compose.cpu.yml", override], env)
-    try:
-        yield project
-    finally:
-        project("down", "-v", "--remove-orphans", "-t", "10", timeout=300, check=False)
-        for folder in sorted((p for p in cgroup.glob("**/") if p.is_dir()), key=lambda p: -len(p.parts)):
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # a cgroup goes with rmdir once it has no processes and no child
+    with sandbox_cgroups(name) as cgroups:
+        env = {**os.environ, "ZB_IMAGE": IMAGE, "ZB_PROMETHEUS_IMAGE": PROMETHEUS_IMAGE, "ZB_PROMPTS": str(PROMPTS),
+               **cgroups}
+        project = Stack(name, [DEPLOY / "docker-compose.yml", DEPLOY / "compose.cpu.yml", override], env)
+        try:
+            yield project
+        finally:
+            project("down", "-v", "--remove-orphans", "-t", "10", timeout=300, check=False)
 
 
 USERNS_REFUSED = ("import ctypes; a, b = map(int, input().split()); "
@@ -104,13 +113,20 @@ def test_the_stack_trains_to_the_end_through_restarts_and_leaves_nothing(stack):
             seen[series["metric"]["job"]] = seen.get(series["metric"]["job"], 0) + 1
     assert seen == SCRAPED, reply
 
-    # The code verifier runs in the reward container without `privileged`, under deploy/seccomp/reward.json: the
+    # The code verifier runs in the reward container without `privileged`, under deploy/seccomp/sandbox.json: the
     # third program answers right only where its user namespace is refused (seccomp=unconfined would allow it).
     scores = json.loads(stack.exec("reward", "python", "-c", CODE_SCORE,
                                    "a, b = map(int, input().split()); print(a + b)",
                                    "a, b = map(int, input().split()); print(a - b)", USERNS_REFUSED, timeout=120))
     assert [reward for reward, _ in scores] == [1.0, 0.0, 1.0], scores
     assert scores[1][1] == "wrong_answer", scores
+    # The environment service's python tool, in its container with the same pieces: a program's output comes back
+    # as the tool's answer, and a user namespace is refused there too.
+    answers = stack.exec("environment", "python", "-c", PYTHON_TOOL, "print(2 + 3)",
+                         "import ctypes; print('refused' if ctypes.CDLL(None).unshare(0x10000000) else 'made')",
+                         timeout=120)
+    first, second = (json.dumps(answer) for answer in json.loads(answers))
+    assert "5" in first and "refused" in second and "made" not in second, answers
 
     # The run folder on the volume: every step once, the final checkpoint, and every group accounted for.
     logs = stack("logs", "--no-color", "trainer", timeout=120).stdout
