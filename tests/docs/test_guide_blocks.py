@@ -7,6 +7,9 @@ and the line.
 - `console` blocks are sessions: each `$ command` runs the same way, and what it prints (stdout and stderr) must
   match the lines under it, `...` matching anything (doctest's ELLIPSIS), whatever its exit status.
 - `python` blocks run in one namespace per guide, in that empty folder.
+- `yaml` blocks that are configuration (their top-level keys those of `up`'s run config or of a service's) may
+  hold no key their schema lacks, in any nested section or entry: the block is validated with it, and only
+  unknown keys count (an example may leave out what a whole config requires).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import unittest
 from pathlib import Path
 
 import pytest
+import yaml
+from pydantic import ValidationError
 from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
@@ -54,6 +59,32 @@ def session(text: str) -> list[tuple[str, str]]:
     return steps
 
 
+def unknown_keys(text: str) -> str | None:
+    """Why a YAML block that is configuration holds a key no schema it could belong to has, or None."""
+    from zerobubble.common.config import describe_errors
+    from zerobubble.tooling.launcher.config import UpConfig, _service_schemas
+
+    tree = yaml.safe_load(text)
+    if not isinstance(tree, dict):
+        return None
+    schemas = [UpConfig, *(schema for schema, _ in _service_schemas().values())]
+    candidates = [schema for schema in schemas if set(tree) <= set(schema.model_fields)]
+    if not candidates:
+        known = sorted(key for key in tree if any(key in schema.model_fields for schema in schemas))
+        return f"no configuration has all of {sorted(tree)}" if known else None   # not configuration: compose, ...
+    found = []
+    for schema in candidates:
+        try:
+            schema.model_validate(tree)
+            return None
+        except ValidationError as exc:
+            unknown = [line.strip() for line in describe_errors(exc, schema) if ": unknown key" in line]
+            if not unknown:
+                return None
+            found.append(f"as {schema.__name__}: " + "; ".join(unknown))
+    return "\n".join(found)
+
+
 def guide_sybil(cwd: Path) -> Sybil:
     def run_bash(example) -> str | None:
         done = shell(example.parsed, cwd)
@@ -71,6 +102,7 @@ def guide_sybil(cwd: Path) -> Sybil:
         return None
 
     return Sybil(parsers=[CodeBlockParser("bash", run_bash), CodeBlockParser("console", run_console),
+                          CodeBlockParser("yaml", lambda example: unknown_keys(example.parsed)),
                           PythonCodeBlockParser(), SkipParser()], patterns=["*.md"])
 
 
@@ -112,6 +144,12 @@ def test_a_broken_command_and_a_wrong_output_fail_naming_the_line(tmp_path, monk
                      "```python\nanswer = 6 * 7\nassert answer == 42\n```\n")
     ran, skipped = run_guide(guide, tmp_path)
     assert (ran, skipped) == (3, ["starts a training run"])
+
+    # A configuration block with a key its schema lacks, in a list entry.
+    guide.write_text("# A guide\n\n```yaml\nenvironments:\n  - {name: c, builtin: calculator, tool_fromat: compact}\n"
+                     "```\n")
+    with pytest.raises(AssertionError, match=r"environments\.0\.tool_fromat: unknown key; did you mean tool_format\?"):
+        run_guide(guide, tmp_path)
 
     guide.write_text("# A guide\n\n\n```bash\nzerobubble confg reward\n```\n")
     with pytest.raises(AssertionError, match=r"(?s)line 4, .*exit status 2.*invalid choice: 'confg'"):
