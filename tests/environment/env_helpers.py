@@ -34,6 +34,9 @@ ENVIRONMENTS = [
     user_env("never_done", "NeverDone"),
     user_env("reset_fails", "ResetFails"),
     user_env("forger", "Forger"),
+    user_env("detaches", "Detaches"),
+    user_env("fork_bomb", "ForkBomb"),
+    user_env("snoops", "Snoops"),
 ]
 TEST_SETTINGS = {
     "server.listen": "127.0.0.1:0",
@@ -41,6 +44,7 @@ TEST_SETTINGS = {
     "limits.step_timeout_s": 2.0,
     "limits.max_steps": 5,
     "sandbox.slots": 1,
+    "workers.max_processes": 32,  # a fork bomb meets it within the step's 2 s, even on a busy machine
 }
 
 

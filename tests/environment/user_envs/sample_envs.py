@@ -155,3 +155,59 @@ class Forger:
             except OSError:
                 continue
         time.sleep(3600)
+
+
+class Detaches:
+    """Starts a program in a session of its own, as a user's environment may (a server, a shell), named by the
+    row's `marker` so that a test finds it among the host's processes; then goes on, or hangs."""
+
+    def reset(self, row):
+        self.marker = row["marker"]
+        return None
+
+    def step(self, assistant_text):
+        import subprocess
+
+        subprocess.Popen(["sleep", self.marker], start_new_session=True, stdout=subprocess.DEVNULL)
+        if assistant_text == "hang":
+            time.sleep(3600)
+        return {"observation": "started", "reward": 0.0, "done": False, "info": {}}
+
+
+class ForkBomb:
+    """Forks until a fork fails (or a thousand times): how many processes its episode could make."""
+
+    def reset(self, row):
+        return None
+
+    def step(self, assistant_text):
+        made, why = 0, "no limit within 1000"
+        while made < 1000:
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                why = type(exc).__name__
+                break
+            if pid == 0:
+                time.sleep(3600)
+                os._exit(0)
+            made += 1
+        return {"observation": f"{made} {why}", "reward": 0.0, "done": False, "info": {}}
+
+
+class Snoops:
+    """Looks for the service (the row's `service_pid`) from inside its episode: its user, and what /proc shows."""
+
+    def reset(self, row):
+        self.service = row["service_pid"]
+        return None
+
+    def step(self, assistant_text):
+        try:
+            with open(f"/proc/{self.service}/environ", "rb") as file:
+                environ = f"read {len(file.read())} bytes"
+        except OSError as exc:
+            environ = type(exc).__name__
+        visible = [name for name in os.listdir("/proc") if name.isdigit()]
+        return {"observation": None, "reward": 0.0, "done": False,
+                "info": {"uid": os.getuid(), "environ": environ, "processes": len(visible)}}
