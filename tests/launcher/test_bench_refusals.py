@@ -4,6 +4,7 @@ beside the bare interpreter's start under the load the bench makes (its figures:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,8 +17,11 @@ def test_bench_refusals_times_each_refusal_against_the_interpreters_start():
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["load_processes"] == 1 and figures["baseline"]["command"] == "python -c pass"
+    assert figures["baseline"]["cpu_median_s"] > 0
     assert set(figures["cases"]) == set(CASES)
     for name, case in figures["cases"].items():
         assert case["refused_naming_the_field"], (name, case["message"])
+        # A refusal's own CPU, not the spinner's (which spins through the whole bench).
+        assert 0 < case["cpu_median_s"] < case["median_s"] * (os.cpu_count() or 1) + 1
         assert case["vs_baseline"] == round(case["median_s"] / figures["baseline"]["median_s"], 1)
     assert figures["all_under_1s"] == (figures["slowest_s"] < 1.0)

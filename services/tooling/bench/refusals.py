@@ -5,7 +5,8 @@ Each refusal is the real command in a fresh interpreter, timed from its start to
 load is the bench's own: `--load` processes spinning on the CPU, started before the first measurement and stopped
 after the last (the machine's 1-minute load average while it ran is reported; other work on the machine adds to it).
 The baseline, under the same load in the same run, is a bare interpreter's start (`python -c pass`): a refusal's
-ratio to it is what the command adds.
+ratio to it is what the command adds. Each command's CPU seconds are reported too: on a machine shared with other
+work the wall time follows that work's load, the CPU time does not.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,20 +41,27 @@ SPIN = "while True: pass"
 COMMAND_TIMEOUT_S = 60.0
 
 
-def timed(command: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
+def timed(command: list[str], cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Wall seconds and CPU seconds (user + system) of the command. The CPU figure does not move with the machine's
+    load: the spinners are children too, but count only once waited for, after the last measurement."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    return time.perf_counter() - started, result
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, result
 
 
 def measure_case(argv: list[str], named: str, repeats: int, cwd: Path) -> dict:
-    seconds, refused, message = [], True, ""
+    seconds, cpu, refused, message = [], [], True, ""
     for _ in range(repeats):
-        elapsed, result = timed([sys.executable, "-m", "zerobubble", *argv], cwd)
+        elapsed, used, result = timed([sys.executable, "-m", "zerobubble", *argv], cwd)
         seconds.append(elapsed)
+        cpu.append(used)
         refused = refused and result.returncode == 2 and named in result.stderr
         message = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
     return {"median_s": round(statistics.median(seconds), 3), "max_s": round(max(seconds), 3),
+            "cpu_median_s": round(statistics.median(cpu), 3),
             "refused_naming_the_field": refused, "message": message[:200]}
 
 
@@ -63,7 +72,7 @@ def bench_refusals(*, load: int = 4, repeats: int = 5) -> dict:
         with tempfile.TemporaryDirectory(prefix="zb-bench-refusals-") as tmp:
             folder = Path(tmp)
             (folder / "rows.jsonl").write_text((json.dumps({"prompt": "1+1?", "gt_answer": "2"}) + "\n") * 400)
-            baseline = [timed([sys.executable, "-c", "pass"], folder)[0] for _ in range(repeats)]
+            baseline = [timed([sys.executable, "-c", "pass"], folder)[:2] for _ in range(repeats)]
             cases = {name: measure_case([arg.format(tmp=folder) for arg in argv], named, repeats, folder)
                      for name, (argv, named) in CASES.items()}
         load_average = os.getloadavg()[0]
@@ -71,12 +80,13 @@ def bench_refusals(*, load: int = 4, repeats: int = 5) -> dict:
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
-    base = round(statistics.median(baseline), 3)
+    base = round(statistics.median(wall for wall, _ in baseline), 3)
+    base_cpu = round(statistics.median(used for _, used in baseline), 3)
     for figures in cases.values():
         figures["vs_baseline"] = round(figures["median_s"] / base, 1)
     slowest = max(figures["max_s"] for figures in cases.values())
     return {"cores": os.cpu_count(), "load_processes": load, "load_average_1m": round(load_average, 2),
-            "repeats": repeats, "baseline": {"command": BASELINE, "median_s": base},
+            "repeats": repeats, "baseline": {"command": BASELINE, "median_s": base, "cpu_median_s": base_cpu},
             "cases": cases, "slowest_s": slowest, "all_under_1s": slowest < 1.0}
 
 
