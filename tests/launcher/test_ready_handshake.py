@@ -71,7 +71,8 @@ def test_serve_prints_its_address_line_on_stdout_when_run_by_hand(tmp_path):
 def test_a_service_that_exits_before_serving_fails_its_start_naming_its_log(tmp_path):
     config = write_yaml(tmp_path / "configs" / "reward.yaml", {"server": {"listen": "nowhere"}})
     service = ServiceProcess("reward", "reward", config, tmp_path / "logs")
-    with pytest.raises(ServiceFailed, match=r"reward exited with code 2 before serving; see .*reward\.log"):
+    with pytest.raises(ServiceFailed, match=r"reward exited with code 2 before serving; its log \(.*reward\.log\) "
+                       r"says:\n[\s\S]*server\.listen: expected HOST:PORT"):
         service.start(120)
     assert "server.listen" in service.log_path.read_text()
 
