@@ -1,6 +1,7 @@
 """A run folder holds one run, through `zerobubble up` and its real services: a second run there is refused, naming
 --resume; --overwrite starts clean (only the new run's steps, checkpoints and evaluations); resuming a run that has
-trained its max_steps says so and starts nothing. Output goes to a file, so each step is printed as a line."""
+trained its max_steps says so and starts nothing; a start that failed shows the service's error and leaves the
+folder free. Output goes to a file, so each step is printed as a line."""
 
 from __future__ import annotations
 
@@ -60,3 +61,20 @@ def test_a_run_folder_holds_one_run(tmp_path):
     assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
     summary = json.loads(scored.stdout.strip().splitlines()[-1])
     assert summary["n"] == 2 and summary["prompts"] == SMALL_RUN["task.eval_size"]
+
+
+def test_a_failed_start_shows_the_services_error_and_leaves_the_folder_free(tmp_path):
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    (envs / "my_envs.py").write_text("class Other:\n    pass\n")
+    run_dir = tmp_path / "run"
+    entry = {"name": "broken", "environment": "my_envs:NoSuchClass", "path": str(envs)}
+    failed = up(run_dir, **{"environment.environments": json.dumps([entry])})
+    assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
+    # The console shows what the environment service's log says, not only where the log is.
+    assert "environment exited with code" in failed.stdout and "NoSuchClass" in failed.stdout, failed.stdout[-3000:]
+    assert "free for the next try" in failed.stdout
+    assert (run_dir / "logs" / "environment.log").exists() and not (run_dir / "configs").exists()
+    # Trying again needs no --overwrite.
+    again = up(run_dir, "--dry-run")
+    assert again.returncode == 0 and "holds a run" not in again.stderr, again.stderr[-3000:]
