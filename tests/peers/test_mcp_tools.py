@@ -5,7 +5,10 @@ as any other tool, bounded in output, and a failing, hanging or dying server an 
 from __future__ import annotations
 
 import json
+import secrets
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from peers_helpers import start_http_mcp_server, stdio_mcp_command
@@ -34,12 +37,12 @@ def http_mcp():
 def service(http_mcp):
     environments = [
         {"name": "mcp_stdio", "builtin": "tools", "final_answer": "exact", "tools": ["calculator"],
-         "mcp": [{"command": stdio_mcp_command(), "call_timeout_s": 2.0}]},
+         "mcp": [{"command": stdio_mcp_command(), "call_timeout_s": 2.0, "connect_timeout_s": 60}]},
         {"name": "mcp_http", "builtin": "tools", "final_answer": "exact",
          "mcp": [{"url": http_mcp, "tools": ["add", "shout", "sleep"], "call_timeout_s": 1.0}]},
     ]
     config = load_config(EnvironmentServiceConfig, overrides={
-        "server.listen": "127.0.0.1:0", "environments": environments, "limits.step_timeout_s": 8.0,
+        "server.listen": "127.0.0.1:0", "environments": environments, "limits.step_timeout_s": 30.0,
         "limits.max_tool_output_chars": 100})
     host = build(config).start()
     with EnvironmentClient(ClientConfig(address=host.address, timeout_seconds=30, retry_seconds=5)) as client:
@@ -77,7 +80,7 @@ def test_a_tool_error_and_bad_arguments_are_errors_the_model_reads(service):
     step = service.step_episode(opened.episode_id, call("fail", reason="nope") + call("add", a="x", b=1))
     failed, bad = [message["content"] for message in json.loads(step.observation_json)]
     assert failed.startswith("error: McpToolError: ") and "fail" in failed
-    assert bad.startswith("error: McpToolError: ") and "validation error for addArguments" in bad
+    assert bad == "error: argument 'a': 'x' is not of type 'integer'"  # checked against the schema before the call
     assert not step.done
     service.close_episode(opened.episode_id)
 
@@ -135,3 +138,36 @@ def test_bad_mcp_settings_are_refused_naming_the_field():
     with pytest.raises(ConfigError, match="only the tools builtin takes MCP servers"):
         load_config(EnvironmentServiceConfig, overrides={
             "environments": [{"name": "x", "builtin": "calculator", "mcp": [{"url": "http://h/mcp"}]}]})
+
+
+def servers_marked(marker: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"ZB_MARKER={marker}".encode() in (entry / "environ").read_bytes():
+                found.append(entry.name)
+        except OSError:
+            continue
+    return found
+
+
+def test_a_stdio_server_dies_with_its_episode_though_the_sdk_starts_it_in_a_session_of_its_own():
+    marker = secrets.token_hex(8)
+    environments = [{"name": "mcp_stdio", "builtin": "tools", "tools": ["calculator"],
+                     "mcp": [{"command": stdio_mcp_command(), "call_timeout_s": 2.0, "connect_timeout_s": 60,
+                              "env": {"ZB_MARKER": marker}}]}]
+    host = build(load_config(EnvironmentServiceConfig, overrides={
+        "server.listen": "127.0.0.1:0", "environments": environments, "limits.step_timeout_s": 30.0})).start()
+    try:
+        with EnvironmentClient(ClientConfig(address=host.address, timeout_seconds=30)) as client:
+            opened = client.open_episode("mcp_stdio", ROW)
+            step = client.step_episode(opened.episode_id, call("sleep", seconds=600) + call("add", a=1, b=2))
+            assert json.loads(step.observation_json)[1]["content"] == "3"  # a server started again after the cut
+            assert servers_marked(marker)
+            client.close_episode(opened.episode_id)
+        deadline = time.monotonic() + 10
+        while servers_marked(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert servers_marked(marker) == []
+    finally:
+        host.stop(grace=1.0)
