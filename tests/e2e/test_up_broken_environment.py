@@ -52,6 +52,9 @@ def test_up_on_an_environment_whose_step_raises_stops_non_zero_naming_it_and_sho
     assert len(rows) <= 3, rows
     for row in rows:
         assert row["episodes"] == row["episodes_failed"] == row["episodes_failed_error"] == row["samples"]
+    # Each step the launcher saw is a warning (the trainer may write one more while the run stops).
+    assert "WARNING: step 1 trained on nothing: all 16 of its episodes" in console, tail(output)
+    for row in rows[:-1]:
         assert f"WARNING: step {row['step']} trained on nothing: all {row['episodes']} of its episodes" in console
     if rows:
         logged = [r["episode"] for line in (run_dir / "trainer" / "rollouts.jsonl").read_text().splitlines()

@@ -106,13 +106,16 @@ def test_a_step_whose_episodes_all_failed_is_a_warning_and_the_line_counts_failu
     progress.refresh()
     out = capsys.readouterr().out
     assert "env failures 3/8 (timeout 3)" in out and "WARNING" not in out
-    with open(metrics, "a") as f:
-        f.write(json.dumps({"step": 2, "policy_version": 2, "samples": 8, "episodes": 8, "episodes_failed": 8,
-                            "episodes_failed_error": 6, "episodes_failed_bad_reply": 2}) + "\n")
+    with open(metrics, "a") as f:   # two steps between two looks: each gets its warning
+        for step in (2, 3):
+            f.write(json.dumps({"step": step, "policy_version": step, "samples": 8, "episodes": 8,
+                                "episodes_failed": 8, "episodes_failed_error": 6,
+                                "episodes_failed_bad_reply": 2}) + "\n")
     progress.refresh()
     out = capsys.readouterr().out
-    assert "WARNING: step 2 trained on nothing: all 8 of its episodes ended with their environment failing " \
-           "(error 6, bad_reply 2)" in out
+    for step in (2, 3):
+        assert f"WARNING: step {step} trained on nothing: all 8 of its episodes ended with their environment " \
+               "failing (error 6, bad_reply 2)" in out
     assert "env failures 8/8 (error 6, bad_reply 2)" in out
 
 

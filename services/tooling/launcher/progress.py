@@ -12,20 +12,27 @@ from rich.live import Live
 from rich.text import Text
 
 
-def last_row(path: Path) -> dict | None:
+def last_rows(path: Path) -> list[dict]:
+    """The rows in the last 8 KiB of a JSONL file (the newest steps), in order."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - 8192))
             lines = f.read().decode("utf-8", "replace").splitlines()
     except OSError:
-        return None
-    for line in reversed(lines):
+        return []
+    rows = []
+    for line in lines:
         try:
-            return json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-    return None
+    return rows
+
+
+def last_row(path: Path) -> dict | None:
+    rows = last_rows(path)
+    return rows[-1] if rows else None
 
 
 def describe(row: dict | None, elapsed: float, samples: float, waiting: str = "") -> str:
@@ -112,12 +119,15 @@ class ProgressLine:
             print(text, flush=True)
 
     def refresh(self, *, final: bool = False) -> None:
-        row = last_row(self.metrics)
+        rows = last_rows(self.metrics)
+        row = rows[-1] if rows else None
+        # Every step since the last look gets its warning, however many came at once.
+        for new in (r for r in rows if r["step"] > self.seen_step):
+            if (warning := all_failed_warning(new)) is not None:
+                self.say(warning)
         if row is not None and row["step"] > self.seen_step:
             self.samples += row.get("samples", 0) * (row["step"] - self.seen_step)
             self.seen_step = row["step"]
-            if (warning := all_failed_warning(row)) is not None:
-                self.say(warning)
         line = describe(row, time.monotonic() - self.started, self.samples, self.waiting() if row is None else "")
         if self.live is not None:
             self.live.update(Text(line))
