@@ -17,34 +17,24 @@ import signal
 import time
 from pathlib import Path
 
+from zerobubble.common.sandbox.runner import find_cgroup
+
 log = logging.getLogger(__name__)
 _PREFIX = "zerobubble-episodes-"  # then the service's pid and a number
 _NUMBERS = itertools.count()
 _KILL_SECONDS = 5.0
 
 
-def find_pids_cgroup(cgroups: str, mountinfo: str) -> Path | None:
-    """This process's pids cgroup, as a folder, from /proc/self/cgroup and /proc/self/mountinfo: the v1 pids
-    hierarchy where there is one, else the v2 one when it has the pids controller."""
-    own = {}
-    for line in cgroups.splitlines():
-        _, controllers, path = line.split(":", 2)
-        own.update(dict.fromkeys(controllers.split(","), path))
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        mount_root, mount_point = fields[3], fields[4]
-        fstype, options = fields[fields.index("-") + 1], fields[fields.index("-") + 3].split(",")
-        if fstype == "cgroup" and "pids" in options and "pids" in own:
-            path = own["pids"]
-        elif fstype == "cgroup2" and "pids" not in own and "" in own:
-            path = own[""]
-        else:
-            continue
-        folder = Path(mount_point, os.path.relpath(path, mount_root))
-        if fstype == "cgroup2" and "pids" not in (folder / "cgroup.controllers").read_text().split():
-            return None
-        return folder
-    return None
+def find_pids_cgroup() -> Path | None:
+    """This process's pids cgroup, as a folder: the v1 pids hierarchy where there is one, else the v2 one when it has
+    the pids controller."""
+    found = find_cgroup("pids", Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text())
+    if found is None:
+        return None
+    folder, version = found
+    if version == 2 and "pids" not in (folder / "cgroup.controllers").read_text().split():
+        return None
+    return folder
 
 
 class EpisodeCgroups:
@@ -52,7 +42,7 @@ class EpisodeCgroups:
     there, as its fork, until the service moves it) and one for each episode's process."""
 
     def __init__(self, max_processes: int):
-        own = find_pids_cgroup(Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text())
+        own = find_pids_cgroup()
         if own is None:
             raise OSError("the kernel has no pids cgroup controller mounted")
         self.max_processes = max_processes

@@ -462,6 +462,13 @@ def _own_memory_cgroup() -> tuple[Path, int]:
 def find_memory_cgroup(cgroups: str, mountinfo: str) -> tuple[Path, int] | None:
     """Where a process's memory cgroup is, from its /proc/PID/cgroup and /proc/PID/mountinfo: a v1 memory
     hierarchy where there is one (hybrid hosts have both), else the v2 one."""
+    return find_cgroup("memory", cgroups, mountinfo)
+
+
+def find_cgroup(controller: str, cgroups: str, mountinfo: str) -> tuple[Path, int] | None:
+    """Where a process's cgroup of `controller` is, and the hierarchy's version, from its /proc/PID/cgroup and
+    /proc/PID/mountinfo: a v1 hierarchy of that controller where there is one, else the v2 one (whose controllers
+    the caller checks)."""
     own = {}
     for line in cgroups.splitlines():
         _, controllers, path = line.split(":", 2)
@@ -470,9 +477,9 @@ def find_memory_cgroup(cgroups: str, mountinfo: str) -> tuple[Path, int] | None:
         fields = line.split()
         mount_root, mount_point = fields[3], fields[4]
         fstype, options = fields[fields.index("-") + 1], fields[fields.index("-") + 3].split(",")
-        if fstype == "cgroup" and "memory" in options and "memory" in own:
-            version, path = 1, own["memory"]
-        elif fstype == "cgroup2" and "memory" not in own and "" in own:
+        if fstype == "cgroup" and controller in options and controller in own:
+            version, path = 1, own[controller]
+        elif fstype == "cgroup2" and controller not in own and "" in own:
             version, path = 2, own[""]
         else:
             continue
