@@ -65,7 +65,7 @@ def test_a_fork_bomb_meets_the_process_limit_at_once(environment_host, environme
     step = environments.step_episode(opened.episode_id, "boom")
     assert step.ended_reason == "", step
     made, why = json.loads(step.observation_json).split()
-    assert (step.ended_reason, why) == ("", "BlockingIOError")  # EAGAIN: the pids cgroup's bound
+    assert why == "BlockingIOError"  # EAGAIN: the pids cgroup's bound
     assert int(made) < limit
     environments.close_episode(opened.episode_id)
 
@@ -76,7 +76,8 @@ def test_an_environment_runs_as_its_own_user_and_cannot_see_the_service(environm
     environments.close_episode(opened.episode_id)
     assert info["uid"] == environment_host.core.config.workers.uid
     assert info["environ"] == "FileNotFoundError"  # not in its /proc at all
-    assert info["processes"] < 10  # its namespace: bubblewrap's init, the parent, the episode
+    host = sum(name.isdigit() for name in os.listdir("/proc"))
+    assert info["processes"] < host  # its namespace: bubblewrap's init, the parent, the episodes, not the host's
 
 
 def test_a_detached_child_dies_when_the_service_is_stopped_by_sigterm(tmp_path):
