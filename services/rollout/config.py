@@ -151,6 +151,17 @@ class RolloutServiceConfig(Schema):
         return {**self.generation.expectations(), "verifier": ("reward.verifier", self.reward.verifier)}
 
     @model_validator(mode="after")
+    def _truncation_needs_replay(self) -> RolloutServiceConfig:
+        # The trainer replays the sampling support the engine records; vLLM records none, so its truncated
+        # log-probs would bias every importance weight by the log of the kept mass.
+        truncated = self.generation.top_p < 1.0 or self.generation.top_k > 0
+        if self.model.engine == "vllm" and truncated:
+            field = "generation.top_k" if self.generation.top_k > 0 else "generation.top_p"
+            raise ValueError(f"{field}: the vllm engine does not record the sampling support the trainer replays; "
+                             "use the transformers engine, or top_p 1 and top_k -1")
+        return self
+
+    @model_validator(mode="after")
     def _eval_needs_interval(self) -> RolloutServiceConfig:
         if self.eval.datasets and self.eval.interval == 0 and not self.eval.at_start:
             raise ValueError("eval.datasets is set but neither eval.interval nor eval.at_start asks for an eval")
