@@ -74,8 +74,10 @@ class Hangs:
     def step(self, assistant_text):
         if assistant_text == "hang":
             time.sleep(3600)
+        with open("/proc/self/stat") as stat:  # its start, in ticks since boot: the same seen from any namespace
+            started = int(stat.read().rpartition(")")[2].split()[19])
         return {"observation": "ok", "reward": 0.5, "done": False,
-                "info": {"pid": os.getpid(), "environment": sorted(os.environ)}}
+                "info": {"pid": os.getpid(), "started": started, "environment": sorted(os.environ)}}
 
 
 class Raises:
