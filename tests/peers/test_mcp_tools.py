@@ -151,18 +151,21 @@ def servers_marked(marker: str) -> list[str]:
     return found
 
 
-def test_a_stdio_server_dies_with_its_episode_though_the_sdk_starts_it_in_a_session_of_its_own():
+def test_a_blocked_stdio_server_dies_with_its_episode_though_the_sdk_starts_it_in_a_session_of_its_own():
     marker = secrets.token_hex(8)
+    blocking = [sys.executable, str(Path(__file__).with_name("peers_mcp_blocking_server.py"))]
     environments = [{"name": "mcp_stdio", "builtin": "tools", "tools": ["calculator"],
-                     "mcp": [{"command": stdio_mcp_command(), "call_timeout_s": 2.0, "connect_timeout_s": 60,
+                     "mcp": [{"command": stdio_mcp_command(), "call_timeout_s": 2.0, "connect_timeout_s": 60},
+                             {"command": blocking, "call_timeout_s": 2.0, "connect_timeout_s": 60,
                               "env": {"ZB_MARKER": marker}}]}]
     host = build(load_config(EnvironmentServiceConfig, overrides={
         "server.listen": "127.0.0.1:0", "environments": environments, "limits.step_timeout_s": 30.0})).start()
     try:
         with EnvironmentClient(ClientConfig(address=host.address, timeout_seconds=30)) as client:
             opened = client.open_episode("mcp_stdio", ROW)
-            step = client.step_episode(opened.episode_id, call("sleep", seconds=600) + call("add", a=1, b=2))
-            assert json.loads(step.observation_json)[1]["content"] == "3"  # a server started again after the cut
+            step = client.step_episode(opened.episode_id, call("block") + call("add", a=1, b=2))
+            blocked, added = (message["content"] for message in json.loads(step.observation_json))
+            assert blocked == "error: McpToolError: the MCP server did not answer within 2.0 s" and added == "3"
             assert servers_marked(marker)
             client.close_episode(opened.episode_id)
         deadline = time.monotonic() + 10
