@@ -71,7 +71,7 @@ sandbox-tool:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		bubblewrap >/dev/null); } || echo "sandbox-tool: bubblewrap not installed; the code verifier is off and its sandbox tests skip"
 
-# Debian's chromium drives `zerobubble view` headless in its tests (tests/viewer); without it they skip.
+# Debian's chromium drives `zerobubble view` headless in its tests (tests/tooling/viewer); without it they skip.
 browser-tool:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

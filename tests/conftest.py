@@ -20,7 +20,7 @@ for _variable in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", 
 
 # The lanes, by where a test lives: `make test-fast` leaves out every test marked e2e, bench, fuzz or slow.
 # The peers' own servers and clients (MCP, OpenEnv, the openai client) start slowly: `make test` runs them.
-LANE_OF_FOLDER = {"e2e": "e2e", "compose": "e2e", "packaging": "e2e", "e2e_bench": "bench", "fuzz": "fuzz",
+LANE_OF_FOLDER = {"e2e": "e2e", "compose": "e2e", "packaging": "e2e", "bench": "bench", "fuzz": "fuzz",
                   "peers": "slow"}
 
 

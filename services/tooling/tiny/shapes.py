@@ -14,7 +14,7 @@ class TinyShape:
     intermediate: int
 
 
-# Parameter counts with the 259-token vocabulary and tied embeddings (see tests/tiny/test_model.py).
+# Parameter counts with the 259-token vocabulary and tied embeddings (see tests/tooling/tiny/test_tiny_model.py).
 SIZES: dict[str, TinyShape] = {
     "1m": TinyShape(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=512),
     "2m": TinyShape(hidden=160, layers=6, heads=4, kv_heads=2, intermediate=640),

@@ -16,7 +16,7 @@ from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 from zerobubble.trainer.optim import OptimConfig, lr_factor
 
 STEPS = 2
-TRL_VENV = Path(__file__).resolve().parents[2] / ".venv-trl"
+TRL_VENV = Path(__file__).resolve().parents[3] / ".venv-trl"
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -32,7 +32,7 @@ def test_unknown_system_is_refused_naming_the_flag(capsys):
     assert "--systems" in err and "'verl'" in err
 
 
-# The demo's schedule with the length `up` derives for it (tests/launcher/test_run_settings.py).
+# The demo's schedule with the length `up` derives for it (tests/tooling/launcher/test_run_settings.py).
 DEMO_STEPS = 237
 DEMO_OPTIM = {**yaml.safe_load(DEMO_CONFIG.read_text())["trainer"]["strategy"]["optim"], "total_steps": DEMO_STEPS}
 

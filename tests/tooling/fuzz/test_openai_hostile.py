@@ -22,7 +22,7 @@ from zerobubble.tooling.fuzz.wire import post_status
 
 ANSWER_WITHIN_S = 10.0
 DEADLINE_S = 2.0
-# As tests/fuzz/conftest.py reads it (not imported from there: another folder's conftest may hold that name).
+# As tests/tooling/fuzz/conftest.py reads it (not imported from there: another folder's conftest may hold that name).
 SEED = int(os.environ.get("ZEROBUBBLE_FUZZ_SEED", "0"))
 
 

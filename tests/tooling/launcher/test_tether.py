@@ -15,7 +15,7 @@ from zerobubble.tooling.launcher.config import write_yaml
 from zerobubble.tooling.launcher.processes import ServiceProcess
 from zerobubble.tooling.launcher.tether import KILL_MARGIN_SECONDS, LAUNCHER_FD, RunFolderBusy, Tether
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 GRACE_SECONDS = 1.0
 
 

@@ -13,7 +13,7 @@ from zerobubble.tooling.launcher.config import UpConfig, merge, validated
 from zerobubble.tooling.launcher.reference_flags import markdown_table
 from zerobubble.trainer.config import TrainerServiceConfig
 
-PEERS_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "coming-from-peers.md"
+PEERS_GUIDE = Path(__file__).resolve().parents[3] / "docs" / "guides" / "coming-from-peers.md"
 
 
 # What `up` fills in of the trainer's config itself: the model, and the schedule's length it derives.

@@ -20,7 +20,7 @@ ROW = {"prompt": "What is 1+1?", "gt_answer": "2"}
 def test_the_tests_run_beside_the_demos_run_so_the_default_folder_is_taken(after_the_demo, capsys):
     """A test that leaves run_dir at its default meets the demo's run here, as on the machine of a user who ran
     `make demo` first (the clean clone of CI would hide it)."""
-    assert Path.cwd() == after_the_demo != Path(__file__).resolve().parents[2]
+    assert Path.cwd() == after_the_demo != Path(__file__).resolve().parents[3]
     assert holds_run(Path("runs/demo"))
     assert main(["up", "--dry-run"]) == 2
     assert "run_dir: runs/demo holds a run already" in capsys.readouterr().err
