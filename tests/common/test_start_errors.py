@@ -36,6 +36,8 @@ def taken_port():
 
 def test_a_worker_started_before_the_buffer_waits_saying_so_then_exits_naming_the_field(tmp_path):
     address = f"127.0.0.1:{free_port()}"
+    # A model folder that passes serve's checks of its own; the worker meets the missing buffer before it loads one.
+    (tmp_path / "config.json").write_text("{}")
     out = serve("rollout", "--set", f"buffer.address={address}", "--set", "buffer.retry_seconds=2",
                 "--set", f"model.path={tmp_path}")
     assert out.returncode == 2, out.stderr
