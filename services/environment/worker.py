@@ -31,6 +31,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from zerobubble.common.sandbox.sandbox_entry import become
 from zerobubble.environment.config import EnvironmentConfig
 from zerobubble.environment.contract import BadReply
 from zerobubble.environment.episode import Blueprint, Bounds, Episode, blueprint, step_payload
@@ -107,18 +108,6 @@ def _become_episode(fd: int, control: socket.socket, plans: dict[str, Blueprint]
         os.killpg(0, signal.SIGKILL)
 
 
-def _become(uid: int) -> None:
-    """Drops root for good, before any user's code: workers.uid, no supplementary groups, no way back."""
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    try:
-        os.setuid(0)
-    except PermissionError:
-        return
-    raise RuntimeError("the environments' process could become root again")
-
-
 def _parent(fd: int, service_pid: int) -> None:
     control = socket.socket(fileno=fd)
     conn = Connection(os.dup(fd))
@@ -128,7 +117,7 @@ def _parent(fd: int, service_pid: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
     if settings["uid"] is not None:
-        _become(settings["uid"])
+        become(settings["uid"])
     bounds = Bounds(**settings["bounds"])
     plans = {}
     for index, entry in settings["environments"]:

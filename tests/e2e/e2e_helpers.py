@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +32,33 @@ SCHEMAS = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "traine
            "rollout": RolloutServiceConfig}
 # A proxy from the environment would take the gRPC channels to non-loopback addresses away from the test network.
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+# A user's environment: feedback after the first answer, the end after the second; a reward that varies with the
+# answer so that groups have something to compare.
+FEEDBACK = "Check it once more."
+FEEDBACK_ENVIRONMENT = f'''
+class Feedback:
+    def __init__(self):
+        self.turns = 0
+
+    def reset(self, row):
+        return None
+
+    def step(self, assistant_text):
+        self.turns += 1
+        if self.turns == 1:
+            return {{"observation": "{FEEDBACK}", "reward": 0.0, "done": False, "info": {{}}}}
+        return {{"observation": None, "reward": float(len(assistant_text) % 2), "done": True, "info": {{}}}}
+'''
+
+
+def user_environments(tmp_path: Path, module: str, source: str) -> Path:
+    """A user's folder of environments, as `environment.environments[].path` takes it, holding `module`.py."""
+    folder = tmp_path / "my_envs"
+    folder.mkdir()
+    (folder / f"{module}.py").write_text(textwrap.dedent(source))
+    return folder
 
 
 def free_port(host: str = "127.0.0.1") -> int:

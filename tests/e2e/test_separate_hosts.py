@@ -6,11 +6,12 @@ for the rollout worker, and the weights reach the rollout worker over gloo betwe
 from __future__ import annotations
 
 import json
-import textwrap
 
 import grpc
 import pytest
 from e2e_helpers import (
+    FEEDBACK,
+    FEEDBACK_ENVIRONMENT,
     GROUPS_PER_STEP,
     PROXY_VARIABLES,
     NamespacedService,
@@ -23,6 +24,7 @@ from e2e_helpers import (
     start_all,
     stop_all,
     trainer_tree,
+    user_environments,
     wait_for,
     write_config,
 )
@@ -41,23 +43,6 @@ PORTS = {"reward": 50052, "buffer": 50053, "rollout": 50054, "trainer": 50055, "
 # An episode's whole response, and each of the model's turns in it: room for the feedback between two turns.
 EPISODE_TOKENS, TURN_TOKENS = 96, 8
 # A user's environment: feedback after the first answer, the end after the second; a reward that varies.
-FEEDBACK = "Check it once more."
-USER_ENVIRONMENT = f'''
-class Feedback:
-    def __init__(self):
-        self.turns = 0
-
-    def reset(self, row):
-        return None
-
-    def step(self, assistant_text):
-        self.turns += 1
-        if self.turns == 1:
-            return {{"observation": "{FEEDBACK}", "reward": 0.0, "done": False, "info": {{}}}}
-        return {{"observation": None, "reward": float(len(assistant_text) % 2), "done": True, "info": {{}}}}
-'''
-
-
 @pytest.fixture
 def hosts(monkeypatch):
     reason = namespaces_unavailable()
@@ -77,9 +62,7 @@ def test_training_runs_to_the_end_with_every_service_on_its_own_host(hosts, tmp_
     model, train, _ = tiny_assets(tmp_path / "assets", train_size=PROMPTS, eval_size=4)
     run_dir, logs = tmp_path / "run", tmp_path / "run" / "logs"
     at = {name: f"{hosts.addresses[name]}:{PORTS[name]}" for name in SERVICES}
-    envs = tmp_path / "my_envs"
-    envs.mkdir()
-    (envs / "feedback_env.py").write_text(textwrap.dedent(USER_ENVIRONMENT))
+    envs = user_environments(tmp_path, "feedback_env", FEEDBACK_ENVIRONMENT)
     episodes = {"default": {"environment": "feedback"}, "max_turns": 3, "max_turn_tokens": TURN_TOKENS}
     trees = {
         "reward": reward_tree(at["reward"]),

@@ -6,9 +6,8 @@ and the reason after run.episodes.max_failed_batches batches, instead of trainin
 from __future__ import annotations
 
 import json
-import textwrap
 
-from e2e_helpers import metrics_rows
+from e2e_helpers import metrics_rows, user_environments
 from e2e_up import kill_session, start_up, tail
 
 BROKEN_ENVIRONMENT = '''
@@ -23,9 +22,7 @@ class Broken:
 
 
 def test_up_on_an_environment_whose_step_raises_stops_non_zero_naming_it_and_shows_the_error(tmp_path):
-    envs = tmp_path / "my_envs"
-    envs.mkdir()
-    (envs / "broken_env.py").write_text(textwrap.dedent(BROKEN_ENVIRONMENT))
+    envs = user_environments(tmp_path, "broken_env", BROKEN_ENVIRONMENT)
     run_dir, output = tmp_path / "run", tmp_path / "up.out"
     up = start_up(run_dir, output, **{
         "environment.environments": f"[{{name: broken, environment: 'broken_env:Broken', path: '{envs}'}}]",

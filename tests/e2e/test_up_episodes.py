@@ -7,33 +7,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import textwrap
 
+from e2e_helpers import FEEDBACK, FEEDBACK_ENVIRONMENT, user_environments
 from e2e_up import assert_every_group_accounted_for, kill_session, service_pids, start_up, steps_trained, tail, wait_for
 
 PROMPTS = 32
-# A user's environment: the first answer gets feedback, the second ends the episode; the reward varies with the
-# answer so that groups have something to compare.
-USER_ENVIRONMENT = '''
-class Feedback:
-    def __init__(self):
-        self.turns = 0
-
-    def reset(self, row):
-        return None
-
-    def step(self, assistant_text):
-        self.turns += 1
-        if self.turns == 1:
-            return {"observation": "Check it once more.", "reward": 0.0, "done": False, "info": {}}
-        return {"observation": None, "reward": float(len(assistant_text) % 2), "done": True, "info": {}}
-'''
 
 
 def test_a_users_environment_trains_under_up_and_survives_kill_9_of_the_environment_service(tmp_path):
-    envs = tmp_path / "my_envs"
-    envs.mkdir()
-    (envs / "feedback_env.py").write_text(textwrap.dedent(USER_ENVIRONMENT))
+    envs = user_environments(tmp_path, "feedback_env", FEEDBACK_ENVIRONMENT)
     run_dir, output = tmp_path / "run", tmp_path / "up.out"
     up = start_up(run_dir, output, **{
         "environment.environments": f"[{{name: feedback, environment: 'feedback_env:Feedback', path: '{envs}'}}]",
@@ -56,7 +38,7 @@ def test_a_users_environment_trains_under_up_and_survives_kill_9_of_the_environm
     assert all(e["environment"] == "feedback" for e in episodes)
     finished = [r for r in logged if r["episode"]["ended_reason"] == "done"]
     assert len(finished) > len(logged) // 2, [e["ended_reason"] for e in episodes]
-    observation = "<|im_start|>user\nCheck it once more.<|im_end|>\n<|im_start|>assistant\n"
+    observation = f"<|im_start|>user\n{FEEDBACK}<|im_end|>\n<|im_start|>assistant\n"
     for response in finished:
         # Two turns with the environment's feedback between them, as the chat template renders a user message.
         assert response["episode"]["turns"] == 2 and response["episode"]["step_rewards"][0] == 0.0

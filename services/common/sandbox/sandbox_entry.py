@@ -37,16 +37,20 @@ def drop_privileges(spec):
                          (resource.RLIMIT_NOFILE, spec["max_open_files"]),
                          (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(limit, (value, value))
-    uid = spec["uid"]
+    become(spec["uid"])
+
+
+def become(uid):
+    """Drops root for good: the uid, no supplementary groups, no way back (the environment service's episode
+    processes use it too)."""
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
     try:
         os.setuid(0)
     except PermissionError:
-        pass
-    else:
-        raise RuntimeError("the program's user could become root again")
+        return
+    raise RuntimeError(f"uid {uid} could become root again")
 
 
 def run_program(status):
