@@ -30,11 +30,11 @@ from zerobubble.common.config import ConfigError
 from zerobubble.common.data_spec import (
     ANSWER_KEYS,
     DATA_SOURCE_KEYS,
-    HUB_ID,
     PROMPT_KEYS,
     TEST_CASES_KEYS,
     Columns,
     DataSpec,
+    missing_path,
 )
 from zerobubble.v1 import common_pb2
 
@@ -458,13 +458,8 @@ def _rows(spec: DataSpec, default_split: str, field: str) -> tuple[Iterator[tupl
     path = spec.path
     if path.is_dir():
         return _folder_rows(path, spec.split, default_split, field), "row"
-    if not path.exists():
-        hint = ""
-        if HUB_ID.fullmatch(str(path)) and not path.suffix:
-            hint = (f"; {str(path)!r} looks like a Hugging Face hub id, and data sets from the hub need network: "
-                    f"download it first (huggingface-cli download --repo-type dataset {path} --local-dir DIR) and "
-                    "give the folder")
-        raise DataError(f"{field}.path: {path}: cannot read: no such file or folder{hint}")
+    if missing := missing_path(path, field):
+        raise DataError(missing)
     kind = _SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise DataError(f"{field}.path: {path}: unknown format; expected .jsonl, .json, .parquet or a datasets folder")

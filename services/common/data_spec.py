@@ -20,6 +20,18 @@ DATA_SOURCE_KEYS = ("data_source", "datasource")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
+
+def missing_path(path: Path, field: str) -> str | None:
+    """What is wrong with a data path that does not exist (None if it does): checked before the readers load."""
+    if path.exists():
+        return None
+    hint = ""
+    if HUB_ID.fullmatch(str(path)) and not path.suffix:
+        hint = (f"; {str(path)!r} looks like a Hugging Face hub id, and data sets from the hub need network: "
+                f"download it first (huggingface-cli download --repo-type dataset {path} --local-dir DIR) and "
+                "give the folder")
+    return f"{field}.path: {path}: cannot read: no such file or folder{hint}"
+
 class Columns(Schema):
     """Where a row's fields are. Unset keys are recognised by their names; nested fields are named with dots."""
 

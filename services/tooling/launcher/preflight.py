@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from zerobubble.common.config import ConfigError
-from zerobubble.common.data_spec import HUB_ID, DataSpec
+from zerobubble.common.data_spec import HUB_ID, DataSpec, missing_path
 from zerobubble.tooling.launcher.assets import RunAssets
 from zerobubble.tooling.launcher.config import UpConfig, validated
 from zerobubble.tooling.launcher.effective import Setting, derived_settings
@@ -100,6 +100,8 @@ def check_run_data(config: UpConfig) -> None:
 
 def inspect(spec: DataSpec, *, field: str, default_split: str, name: str = ""):
     """The data set's first rows read (all of a small one); a set that cannot be used is a ConfigError."""
+    if missing := missing_path(spec.path, field):
+        raise ConfigError(f"{name}{missing}")
     # Imported here: the reader brings numpy and pyarrow, which a config's mistake need not wait for.
     from zerobubble.common.data import DataError, inspect_data
 
