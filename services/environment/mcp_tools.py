@@ -28,6 +28,7 @@ class McpToolError(RuntimeError):
 
 def _client(server: McpServerConfig):
     from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
 
     if server.url is not None:
         return Client(server.url)
@@ -35,7 +36,10 @@ def _client(server: McpServerConfig):
     if command in PYTHON_NAMES:
         # The service's own interpreter, which has `mcp` (and the user's packages), not the first on PATH.
         command = sys.executable
-    return Client(StdioServerParameters(command=command, args=args, env=server.env or None))
+    # The server's stderr to the process's own: the SDK's default is whatever sys.stderr was when it was first
+    # imported, which may be a stream with no file descriptor (a test's capture, a log wrapper) that cannot start it.
+    return Client(stdio_client(StdioServerParameters(command=command, args=args, env=server.env or None),
+                               errlog=sys.__stderr__))
 
 
 def _schema(tool: Any) -> dict:
