@@ -44,6 +44,13 @@ class GenerationConfig(Schema):
         "with the new weights (one prefill of the sequence so far; each token's log-prob is then exactly its "
         "version's)")
 
+    def truncation_field(self) -> str | None:
+        """The setting that truncates the sampled distribution (top_k before top_p), if any: the trainer can only
+        replay a support the engine recorded."""
+        if self.top_k > 0:
+            return "generation.top_k"
+        return "generation.top_p" if self.top_p < 1.0 else None
+
     def expectations(self) -> dict[str, tuple[str, object]]:
         """What this section states of the run spec, by spec field."""
         return {name: (f"generation.{name}", getattr(self, name))
@@ -154,9 +161,8 @@ class RolloutServiceConfig(Schema):
     def _truncation_needs_replay(self) -> RolloutServiceConfig:
         # The trainer replays the sampling support the engine records; vLLM records none, so its truncated
         # log-probs would bias every importance weight by the log of the kept mass.
-        truncated = self.generation.top_p < 1.0 or self.generation.top_k > 0
-        if self.model.engine == "vllm" and truncated:
-            field = "generation.top_k" if self.generation.top_k > 0 else "generation.top_p"
+        field = self.generation.truncation_field()
+        if self.model.engine == "vllm" and field:
             raise ValueError(f"{field}: the vllm engine does not record the sampling support the trainer replays; "
                              "use the transformers engine, or top_p 1 and top_k -1")
         return self
