@@ -1,7 +1,6 @@
 """The shared bootstrap over real sockets: health, reflection, metrics, auth, TLS, limits, shutdown."""
 
 import datetime
-import socket
 import statistics
 import threading
 import time
@@ -22,6 +21,7 @@ from prometheus_client import Counter
 from zerobubble.common.config import ClientConfig, ServerConfig, TLSConfig
 from zerobubble.common.server import ServiceHost
 from zerobubble.tooling.fuzz import wire
+from zerobubble.tooling.ports import free_port
 
 
 def start(**server) -> tuple[ServiceHost, EchoCore]:
@@ -160,14 +160,8 @@ def test_deadline_on_every_call(echo):
         assert time.monotonic() - started < 1.5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_retry_on_unavailable_until_the_server_comes(echo):
-    port = _free_port()
+    port = free_port()
     core = EchoCore()
     host = ServiceHost("late", ServerConfig(listen=f"127.0.0.1:{port}", metrics_port=None))
     host.add(register, core, SERVICE)
@@ -190,7 +184,7 @@ def test_no_retry_on_other_errors(echo):
 
 
 def test_unavailable_gives_up_after_retry_budget():
-    with EchoClient(ClientConfig(address=f"127.0.0.1:{_free_port()}", timeout_seconds=0.5,
+    with EchoClient(ClientConfig(address=f"127.0.0.1:{free_port()}", timeout_seconds=0.5,
                                  retry_seconds=0.6)) as client:
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as err:

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from zerobubble.tooling.ports import free_port
+
 PROXIES = {"http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"}
 
 
@@ -18,12 +20,6 @@ def serve(*argv: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in PROXIES}
     return subprocess.run([sys.executable, "-m", "zerobubble", "serve", *argv], capture_output=True, text=True,
                           timeout=120, env=env)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -59,12 +58,6 @@ def user_environments(tmp_path: Path, module: str, source: str) -> Path:
     folder.mkdir()
     (folder / f"{module}.py").write_text(textwrap.dedent(source))
     return folder
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def service_env() -> dict[str, str]:

@@ -18,8 +18,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerobubble.tooling.bench import stop_service
-from zerobubble.tooling.bench.connections import QuietConnections, _fd_limit, _free_port, _grpc_probes, _probe, _serve
+from zerobubble.tooling.bench.connections import QuietConnections, _fd_limit, _grpc_probes, _probe, _serve
 from zerobubble.tooling.front import FrontConfig, running_front
+from zerobubble.tooling.ports import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None,
                                 reason="haproxy is not installed (make front-tool installs it)")
@@ -100,7 +101,7 @@ def test_the_front_keeps_callers_answered_through_a_flood_of_quiet_connections_f
     while _probe(health) is None:
         assert time.monotonic() < recovered, "the buffer did not recover after the direct flood"
 
-    config = FrontConfig(listen=f"127.0.0.1:{_free_port()}", backend=buffer, per_peer_connections=50,
+    config = FrontConfig(listen=f"127.0.0.1:{free_port()}", backend=buffer, per_peer_connections=50,
                          max_connections=(FD_LIMIT - 32) // 2, client_timeout_seconds=KEEPALIVE_S + 2)
     with running_front(config, preexec_fn=_fd_limit(FD_LIMIT)), grpc.insecure_channel(config.listen) as channel:
         # A real client's stream with nothing to say for longer than the front's timeout: the service's pings and

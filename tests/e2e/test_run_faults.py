@@ -11,7 +11,6 @@ from e2e_helpers import (
     GROUPS_PER_STEP,
     RunFigures,
     buffer_tree,
-    free_port,
     loaded_versions,
     log_tail,
     metrics_rows,
@@ -27,6 +26,7 @@ from stack import tiny_assets
 
 from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.tooling.launcher.processes import ServiceProcess
+from zerobubble.tooling.ports import free_port
 from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
 
 PROMPTS = 48

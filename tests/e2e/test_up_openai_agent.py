@@ -7,22 +7,16 @@ the tokens and loss masks the endpoint pushed, which are the tokens the client s
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 
 from e2e_up import kill_session, start_up, steps_trained, tail, wait_for
 
 from zerobubble.common.config import TOKEN_ENV
+from zerobubble.tooling.ports import free_port
 
 TOKEN = "agent-run-token"
 PROMPTS, GENERATIONS, MAX_NEW_TOKENS = 4, 2, 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(url: str, body: dict | None = None) -> tuple[int, dict]:

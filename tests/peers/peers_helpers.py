@@ -9,14 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+from zerobubble.tooling.ports import free_port
+
 HERE = Path(__file__).resolve().parent
 MCP_SERVER = HERE / "peers_mcp_server.py"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_for_port(port: int, process: subprocess.Popen, within: float = 30.0) -> None:

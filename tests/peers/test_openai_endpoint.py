@@ -6,7 +6,6 @@ token ids the client received, the model's tokens unmasked and everything betwee
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 
@@ -17,16 +16,11 @@ from zerobubble.common.config import load_config
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.openai_endpoint import Call, stitch
+from zerobubble.tooling.ports import free_port
 
 TOKEN = "s3cret-token"
 MAX_NEW_TOKENS = 6
 MAX_CALLS = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,13 @@ import json
 
 import grpc
 import pytest
-from peers_helpers import free_port, start_openenv_environment
+from peers_helpers import start_openenv_environment
 
 from zerobubble.common.clients.environment import EnvironmentClient
 from zerobubble.common.config import ClientConfig, ConfigError, load_config
 from zerobubble.environment.app import build
 from zerobubble.environment.config import EnvironmentServiceConfig
+from zerobubble.tooling.ports import free_port
 
 ROW = {"messages": [{"role": "user", "content": "Play."}], "ground_truth": "4"}
 

@@ -15,11 +15,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from peers_helpers import free_port, wait_for_port
+from peers_helpers import wait_for_port
 
 from zerobubble.common.config import load_config
 from zerobubble.environment.app import build
 from zerobubble.environment.config import EnvironmentServiceConfig
+from zerobubble.tooling.ports import free_port
 
 ROW = {"messages": [{"role": "user", "content": "What is 6 * 7?"}], "ground_truth": "42"}
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'

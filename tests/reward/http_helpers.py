@@ -6,13 +6,14 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from zerobubble.tooling.ports import free_port
 
 SMALL = {"math.workers": 1, "math.timeout_seconds": 10, "sandbox.slots": 1}
 
@@ -24,12 +25,6 @@ class Served:
     metrics_port: int
     log: Callable[[], str]   # the service's log so far
     pid: int
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager

@@ -5,7 +5,6 @@ for a refused request, and a normal call answers afterwards."""
 from __future__ import annotations
 
 import json
-import socket
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import grpc
@@ -17,6 +16,7 @@ from zerobubble.common.config import load_config
 from zerobubble.common.run_spec import RunSpec
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.tooling.ports import free_port
 from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -24,12 +24,6 @@ TOO_LARGE = grpc.StatusCode.RESOURCE_EXHAUSTED
 MAX_NEW_TOKENS = 8
 MAX_PROMPT_TOKENS = 128
 MESSAGES = json.dumps([{"role": "user", "content": "3+4="}])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

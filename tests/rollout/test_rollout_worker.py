@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import socket
 import time
 
 import grpc
@@ -22,6 +21,7 @@ from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.launcher.commands import register, up_config
 from zerobubble.tooling.launcher.run import build_run_spec
+from zerobubble.tooling.ports import free_port
 from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc
 
 GENERATIONS = 4
@@ -122,12 +122,6 @@ def test_worker_turns_every_prompt_into_one_scored_group(assets, tmp_path):
         host.stop(0.5)
         buffer.stop(0.5)
         reward.stop(0.5)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_worker_refuses_a_run_spec_its_config_or_model_contradicts(assets, tmp_path):

@@ -6,7 +6,6 @@ import atexit
 import functools
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch.multiprocessing as mp
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from zerobubble.tooling.ports import free_port
 from zerobubble.trainer.optim import OptimConfig
 from zerobubble.trainer.strategies import StrategyConfig
 
@@ -72,12 +72,6 @@ def summed_nll(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[torch.Tens
     return nll, torch.tensor(float(tokens[:, 1:].numel()))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_entry(rank: int, world_size: int, port: int, target: Callable[..., Any], args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size),
                       RANK=str(rank), LOCAL_RANK=str(rank))
@@ -89,7 +83,6 @@ def run_ranks(target: Callable[..., Any], world_size: int, *args: Any) -> None:
     """Runs target(rank, *args) in `world_size` spawned processes joined by env:// (gloo); raises if one fails."""
     mp.start_processes(_rank_entry, args=(world_size, free_port(), target, args), nprocs=world_size,
                        join=True, start_method="spawn")
-
 
 
 def train_rank(rank: int, model_dir: Path, out_dir: Path) -> None:

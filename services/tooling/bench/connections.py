@@ -34,6 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerobubble.tooling.bench import stop_service
 from zerobubble.tooling.front import FrontConfig, running_front
+from zerobubble.tooling.ports import free_port
 from zerobubble.v1 import buffer_pb2, buffer_pb2_grpc, reward_pb2, reward_pb2_grpc
 
 TOKEN_ENV = "ZEROBUBBLE_BENCH_TOKEN"
@@ -47,12 +48,6 @@ SETTLE_AFTER_CLOSE_S = 1.5
 def _endpoint(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host, int(port)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _raise_own_limit(needed: int) -> None:
@@ -250,8 +245,6 @@ def _serve(service: str, settings: list[str], fd_limit: int, directory: Path) ->
     return process, json.loads(line)["address"]
 
 
-
-
 def _flood(service: str, kind: str, address: str, http_port: int, connections: int, watch_seconds: float,
            source: str | None = None) -> dict:
     """The quiet connections against `address` (the service's gRPC port, or a front before it) from `source`,
@@ -283,7 +276,7 @@ def bench_connections(connections: int = 2000, fd_limit: int = 1024, idle_second
         if front != "haproxy":
             raise ValueError(f"front: {front!r} is not one of: haproxy")
         front_config = FrontConfig(
-            listen=f"127.0.0.1:{_free_port()}", backend="127.0.0.1:0", per_peer_connections=per_peer_connections,
+            listen=f"127.0.0.1:{free_port()}", backend="127.0.0.1:0", per_peer_connections=per_peer_connections,
             # Two descriptors a connection, and a few for HAProxy's own use.
             max_connections=(fd_limit - 32) // 2,
             **({} if front_timeout_seconds is None else {"client_timeout_seconds": front_timeout_seconds}))
@@ -302,7 +295,7 @@ def bench_connections(connections: int = 2000, fd_limit: int = 1024, idle_second
         for service in services:
             for kind in kinds[service]:
                 for suffix, source in runs if kind == "grpc" else runs[:1]:
-                    http_port = _free_port()
+                    http_port = free_port()
                     settings = [*limits, *extra[service]]
                     if service == "reward":
                         settings.append(f"http.listen=127.0.0.1:{http_port}")

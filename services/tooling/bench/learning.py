@@ -55,7 +55,6 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -77,6 +76,7 @@ from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
 from zerobubble.tooling.launcher.config import UpConfig, merge, validated
 from zerobubble.tooling.launcher.run import SERVER, Run, build_run_spec, with_schedule_length
 from zerobubble.tooling.launcher.tether import Tether
+from zerobubble.tooling.ports import free_port
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.trainer.optim import OptimConfig
 
@@ -156,12 +156,6 @@ class Setup:
     def trl_temperature(self) -> float:
         # What the demo samples at once its first epoch is done (the annealing's end, or its fixed temperature).
         return self.spec.sampling.temperature_at(epoch=1, progress=0.0)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def run_zerobubble(setup: Setup, seed: int, steps: int) -> dict[str, Any]:

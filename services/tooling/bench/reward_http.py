@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import aiohttp
 import grpc
 
 from zerobubble.tooling.bench.reward import _MATH
+from zerobubble.tooling.ports import free_port
 from zerobubble.v1 import reward_pb2, reward_pb2_grpc
 
 CLIENTS = (1, 64)
@@ -67,14 +67,8 @@ async def _rates(grpc_address: str, http_url: str, items: int) -> dict[str, floa
     return figures
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def bench_http_vs_grpc(items: int = 400) -> dict:
-    http_port = _free_port()
+    http_port = free_port()
     command = [sys.executable, "-m", "zerobubble", "serve", "reward", "--listen", "127.0.0.1:0",
                "--set", "server.metrics_port=null", "--set", f"http.listen=127.0.0.1:{http_port}",
                "--set", "sandbox.slots=1", "--set", f"limits.max_pending_items={max(items, 8192)}"]

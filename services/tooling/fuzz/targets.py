@@ -12,7 +12,6 @@ import json
 import resource
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerobubble.buffer.prompts import PromptSource
+from zerobubble.tooling.ports import free_port
 from zerobubble.v1 import buffer_pb2, common_pb2, environment_pb2, reward_pb2, rollout_pb2, trainer_pb2
 
 # Where the rollout worker looks for its buffer and reward service: port 1 refuses every connection.
@@ -46,12 +46,6 @@ HTTP_BODY_TIMEOUT_S = 2.0
 # Memory-backed where the machine has it: the thousand SaveCheckpoint requests each write (and fsync) a checkpoint,
 # which on a disk costs as much again as the rest of the call.
 FAST_DISK = Path("/dev/shm")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _limit_memory() -> None:
@@ -142,7 +136,7 @@ class Deployment:
                   # The valid group (_group) has two trajectories.
                   "run_spec": {"num_generations": 2, "max_new_tokens": 4}}
         # HTTP needs a port known before the start: its listener does not report the one it took.
-        self.reward_http = f"127.0.0.1:{_free_port()}"
+        self.reward_http = f"127.0.0.1:{free_port()}"
         configs = {
             "reward": {"server": SERVER, "math": {"workers": 1, "timeout_seconds": 2.0},
                        "sandbox": {"slots": 1, "wall_seconds": 2.0, "cpu_seconds": 2},

@@ -19,17 +19,12 @@ from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.tooling.fuzz.http_abuse import hostile_bodies, hostile_chat_fields, trickle
 from zerobubble.tooling.fuzz.wire import post_status
+from zerobubble.tooling.ports import free_port
 
 ANSWER_WITHIN_S = 10.0
 DEADLINE_S = 2.0
 # As tests/tooling/fuzz/conftest.py reads it (not imported from there: another folder's conftest may hold that name).
 SEED = int(os.environ.get("ZEROBUBBLE_FUZZ_SEED", "0"))
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +35,7 @@ def port(tmp_path_factory):
     config = load_config(RolloutServiceConfig, None, {
         "server.listen": "127.0.0.1:0", "server.metrics_port": None, "server.grace_seconds": 0.5,
         "worker_id": "openai-fuzz", "model.path": str(model), "trainer": None, "buffer.address": buffer.address,
-        "reward_service.address": f"127.0.0.1:{_free_port()}", "reward_service.retry_seconds": 3600,
+        "reward_service.address": f"127.0.0.1:{free_port()}", "reward_service.retry_seconds": 3600,
         "openai.enabled": True, "openai.io_timeout_s": DEADLINE_S})
     host = build(config).start()
     yield host.openai.port

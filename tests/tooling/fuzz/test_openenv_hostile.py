@@ -22,6 +22,7 @@ from zerobubble.environment.app import build
 from zerobubble.environment.config import EnvironmentServiceConfig
 from zerobubble.tooling.fuzz.http_abuse import hostile_bodies, trickle
 from zerobubble.tooling.fuzz.wire import post_status
+from zerobubble.tooling.ports import free_port
 
 ANSWER_WITHIN_S = 10.0
 DEADLINE_S = 2.0
@@ -33,18 +34,12 @@ WS_GARBAGE = ["not json", "[]", "null", '{"type": "reset", "data": [1]}', '{"typ
               '{"environment": "nowhere"}}', "[" * 10_000 + "]" * 10_000, '{"type": "reset", "data": {"row": "x"}}']
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def openenv_port():
     config = load_config(EnvironmentServiceConfig, overrides={
         "server.listen": "127.0.0.1:0", "environments": [{"name": "calculator", "builtin": "calculator"}]})
     host = build(config).start()
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "zerobubble.environment.openenv_server", "--set",
                                 f"listen=127.0.0.1:{port}", "--set", f"environment.address={host.address}",
                                 "--set", f"request_deadline_s={DEADLINE_S}", "--set", f"max_body_bytes={MAX_BODY}"])
