@@ -17,7 +17,7 @@ from zerobubble.common.logs import setup_logging
 from zerobubble.tooling.launcher.ready import announce
 from zerobubble.tooling.launcher.tether import follow_launcher
 
-SERVICES = ("reward", "buffer", "rollout", "trainer", "environment")
+SERVICES = ("reward", "buffer", "rollout", "trainer", "environment", "teacher")
 
 
 def _service_module(name: str):

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[2] / "services"
-SERVICES = ("buffer", "reward", "rollout", "trainer", "environment")
+SERVICES = ("buffer", "reward", "rollout", "trainer", "environment", "teacher")
 ALLOWED = {**{name: {name, "common", "v1"} for name in SERVICES}, "common": {"common", "v1"}}
 
 

@@ -14,7 +14,7 @@ PROTOC_PYTHON = ROOT / ".venv-protoc" / "bin" / "python"
 
 def test_stubs_are_fresh(tmp_path):
     protos = sorted(STUBS.glob("*.proto"))
-    assert {p.stem for p in protos} == {"common", "reward", "buffer", "rollout", "trainer", "environment"}
+    assert {p.stem for p in protos} == {"common", "reward", "buffer", "rollout", "trainer", "environment", "teacher"}
     if not PROTOC_PYTHON.exists():
         pytest.fail(f"{PROTOC_PYTHON} is missing: `make protoc-env` makes it")
     subprocess.run(
@@ -31,5 +31,5 @@ def test_stubs_are_fresh(tmp_path):
 
 def test_stubs_import_without_path_tricks():
     code = ("from zerobubble.v1 import reward_pb2_grpc, buffer_pb2_grpc, rollout_pb2_grpc, trainer_pb2_grpc, "
-            "environment_pb2_grpc")
+            "environment_pb2_grpc, teacher_pb2_grpc")
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")

@@ -58,7 +58,8 @@ def check_service(service: str, config) -> None:
     """What `zerobubble serve` checks before the service's code loads: the model folder it starts from (a hub id is
     left to the loader, which may find it in the local cache) and the prompts it serves."""
     served = {"trainer": ("model", getattr(config, "model", None)),
-              "rollout": ("model.path", getattr(getattr(config, "model", None), "path", None))}
+              "rollout": ("model.path", getattr(getattr(config, "model", None), "path", None)),
+              "teacher": ("model.path", getattr(getattr(config, "model", None), "path", None))}
     if service in served:
         field, path = served[service]
         if not looks_like_hub_id(path):
