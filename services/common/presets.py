@@ -78,6 +78,13 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
         PresetRunDefaults(), advantage_estimator="grpo", beta=0.0, aggregation="token_level", surrogate="dppo",
         dppo_delta=0.15,
     ),
+    # On-policy distillation (Agarwal et al. 2024, GKD; Lu and Thinking Machines Lab 2025): the per-token reverse KL to
+    # a teacher as the only advantage, coefficient 1, token-level mean, no KL to a reference (the teacher is the
+    # anchor). The run needs a teacher (the trainer's `teacher`); reward_advantage true adds the verifier's back.
+    "DISTILL": _preset(
+        PresetRunDefaults(), advantage_estimator="grpo", beta=0.0, aggregation="token_level", distillation_coef=1.0,
+        reward_advantage=False,
+    ),
 })
 
 # The names as a type, for the schemas that take one (pydantic checks the value and lists the names).

@@ -18,14 +18,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerobubble.common.clients.buffer import BufferClient
+from zerobubble.common.clients.teacher import TeacherClient
 from zerobubble.common.errors import InvalidInput, Unavailable
 from zerobubble.common.server import ServiceHost
+from zerobubble.common.tokenizer_fingerprint import tokenizer_fingerprint, tokenizer_name
 from zerobubble.trainer.broadcaster import WeightBroadcaster
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.trainer.loop import TrainingLoop, write_config
 from zerobubble.trainer.metrics import TrainerMetrics
 from zerobubble.trainer.servicer import FINISHED, SERVICE, TrainerServicer
 from zerobubble.trainer.strategies import make_strategy
+from zerobubble.trainer.teacher_scores import TeacherScores
 from zerobubble.trainer.update import PolicyUpdate, UpdateSettings
 from zerobubble.v1 import trainer_pb2_grpc
 
@@ -86,6 +89,17 @@ class TrainerHost(ServiceHost):
         except BaseException:
             self.buffer.close()
             raise
+        # Before the model loads too: a teacher whose ids mean other tokens is refused, naming both tokenizers.
+        self.teacher = None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(config.model)
+            if config.teacher is not None:
+                self.teacher = TeacherClient(config.teacher, tokenizer_fingerprint(tokenizer),
+                                             tokenizer_name(tokenizer, config.model))
+                self.teacher.connect(field="teacher")
+        except BaseException:
+            self._close_clients()
+            raise
         rank = int(os.environ.get("RANK", "0"))
         config.batch.groups_per_rank(int(os.environ.get("WORLD_SIZE", "1")))
         server = config.server if rank == 0 else config.server.model_copy(
@@ -105,7 +119,6 @@ class TrainerHost(ServiceHost):
         settings = UpdateSettings(batch.mini_batches, batch.micro_batch_samples, self.spec.max_new_tokens,
                                   max_tokens_per_micro_batch=batch.max_tokens_per_micro_batch,
                                   logprob_chunk_tokens=batch.logprob_chunk_tokens, packing=batch.packing)
-        tokenizer = AutoTokenizer.from_pretrained(config.model)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.broadcaster = None
         if config.weight_sync is not None and self.strategy.rank == 0:
@@ -113,7 +126,8 @@ class TrainerHost(ServiceHost):
         # Published weights are copied while the next step's forward and backward run; its update waits for the
         # copy before it changes the live weights the copy reads.
         update = PolicyUpdate(self.strategy, algorithm, settings, reference,
-                              before_step=self.broadcaster.wait_copied if self.broadcaster else lambda: None)
+                              before_step=self.broadcaster.wait_copied if self.broadcaster else lambda: None,
+                              teacher=TeacherScores(self.teacher) if self.teacher else None)
         self.loop = TrainingLoop(config, self.strategy, update, self.buffer, pad_id=pad_id,
                                  metrics=TrainerMetrics(self.registry), broadcaster=self.broadcaster)
         self.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
@@ -172,7 +186,12 @@ class TrainerHost(ServiceHost):
         except RuntimeError as exc:
             # A data-parallel peer died (its agent then stops this rank): there is no group left to close.
             log.warning("the data-parallel group did not close: %s", str(exc).splitlines()[0])
+        self._close_clients()
+
+    def _close_clients(self) -> None:
         self.buffer.close()
+        if self.teacher is not None:
+            self.teacher.close()
 
 
 def build(config: TrainerServiceConfig) -> TrainerHost:

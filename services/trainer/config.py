@@ -136,6 +136,9 @@ class TrainerServiceConfig(Schema):
     checkpoint: CheckpointConfig = CheckpointConfig()
     tracking: TrackingConfig = TrackingConfig()
     buffer: ClientConfig = ClientConfig(address="127.0.0.1:50053")
+    teacher: ClientConfig | None = Field(
+        None, description="the teacher service that scores each step's tokens for on-policy distillation "
+        "(algorithm.distillation_coef); its tokenizer must name ids as the model's does (null: no teacher)")
     max_steps: int | None = Field(None, gt=0, description="stop after this many steps (default: the end of the data)")
     torch_threads: int | None = Field(None, gt=0, description="CPU threads of torch in this process (null: "
                                       "torch's default, all cores); on a shared small machine 1 avoids contention")
@@ -145,6 +148,13 @@ class TrainerServiceConfig(Schema):
         """What this config states of the run spec, by spec field (checked against the buffer's at start)."""
         return {"algorithm": ("algorithm.preset", self.algorithm.preset),
                 "max_new_tokens": ("batch.max_new_tokens", self.batch.max_new_tokens)}
+
+    @model_validator(mode="after")
+    def _teacher_for_distillation(self) -> TrainerServiceConfig:
+        if self.algorithm.distillation_coef and self.teacher is None:
+            raise ValueError("algorithm.distillation_coef: distillation needs a teacher: set teacher.address (the "
+                             "teacher service's HOST:PORT)")
+        return self
 
     @model_validator(mode="after")
     def _valid_lora(self) -> TrainerServiceConfig:

@@ -32,6 +32,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("reward_mean", "mean reward of the last step's samples (after reward shaping)"),
     Figure("reward_std", "reward standard deviation of the last step's samples"),
     Figure("sample_utilisation", "fraction of samples with a non-zero advantage"),
+    Figure("teacher_reverse_kl", "mean log p_student - log p_teacher over the trained tokens: the reverse KL to the "
+           "teacher that distillation descends (absent without a teacher)"),
     Figure("clip_fraction", "fraction of tokens whose ratio was clipped", loss_stat="clip_fraction"),
     Figure("clip_low_fraction", "fraction of tokens clipped below (ratio under 1 - clip_low, negative advantage)",
            loss_stat="clip_low_fraction"),

@@ -39,7 +39,7 @@ from zerobubble.trainer.lora import adapter_weights
 from zerobubble.trainer.metrics import TrainerMetrics
 from zerobubble.trainer.strategies.base import Strategy
 from zerobubble.trainer.tracking import Tracker, add_counts, episode_endings
-from zerobubble.trainer.update import PolicyUpdate, sample_advantages
+from zerobubble.trainer.update import PolicyUpdate
 from zerobubble.v1 import buffer_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -302,7 +302,7 @@ class TrainingLoop:
             figures["weight_sync_seconds"] = seconds
             figures["weight_sync_gbps"] = self.weight_bytes / seconds / 1e9 if seconds > 0 else 0.0
         self._record(figures, groups, trained,
-                     lambda: sample_advantages(batch, self.update.algorithm, self.update.settings.max_new_tokens))
+                     lambda: self.update.sample_advantages(batch))
 
     def _publish(self) -> None:
         """Every rank takes part in gathering the full weights (with lora: the adapters only, the base never

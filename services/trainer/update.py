@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from zerobubble.trainer.algorithms.advantages import compute_advantages
+from zerobubble.trainer.algorithms.advantages import compute_advantages, reverse_kl_advantages
 from zerobubble.trainer.algorithms.losses import LossStats, mini_batch_normaliser, policy_loss
 from zerobubble.trainer.algorithms.overlong import overlong_sample_mask, shape_rewards
 from zerobubble.trainer.algorithms.presets import AlgorithmConfig
@@ -60,26 +60,40 @@ class ModelPass:
         return out
 
 
-def batch_advantages(batch: ExperienceBatch, algo: AlgorithmConfig,
-                     max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The shaped rewards [N], the loss mask [N, T] and the per-token advantages [N, T] the step trains with."""
+def batch_advantages(batch: ExperienceBatch, algo: AlgorithmConfig, max_new_tokens: int,
+                     teacher_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The shaped rewards [N], the loss mask [N, T] and the per-token advantages [N, T] the step trains with: the
+    estimator's from the rewards, the distillation's from the teacher's log-probs [N, T], or their sum."""
     rewards = shape_rewards(batch.rewards, batch.response_lengths, batch.truncated, algo,
                             max_new_tokens=max_new_tokens)
     mask = batch.response_mask * overlong_sample_mask(batch.truncated, algo).unsqueeze(1).float()
-    return rewards, mask, compute_advantages(algo.advantage_estimator, rewards.reshape(-1, batch.group_size), mask)
+    advantages = torch.zeros_like(mask)
+    if algo.reward_advantage:
+        advantages = compute_advantages(algo.advantage_estimator, rewards.reshape(-1, batch.group_size), mask)
+    if algo.distillation_coef:
+        if teacher_logp is None:
+            raise ValueError("algorithm.distillation_coef: the step needs the teacher's log-probs (the trainer's "
+                             "teacher)")
+        advantages = advantages + reverse_kl_advantages(batch.behaviour_logprobs, teacher_logp, mask,
+                                                        algo.distillation_coef)
+    return rewards, mask, advantages
 
 
-def sample_advantages(batch: ExperienceBatch, algo: AlgorithmConfig, max_new_tokens: int) -> list[float]:
-    """Each sample's advantage as the step trains it (every estimator gives one value over a sample's tokens; a
-    sample the step leaves out, such as an overlong one under the overlong filter, has 0)."""
-    _, mask, advantages = batch_advantages(batch, algo, max_new_tokens)
-    first = mask.argmax(dim=1, keepdim=True)
-    return torch.where(mask.any(dim=1), advantages.gather(1, first).squeeze(1), 0.0).tolist()
+def sample_advantages(batch: ExperienceBatch, algo: AlgorithmConfig, max_new_tokens: int,
+                      teacher_logp: torch.Tensor | None = None) -> list[float]:
+    """Each sample's advantage as the step trains it: the mean over the tokens it trains (the one value of every
+    group estimator; with distillation, the mean of its per-token advantages). A sample the step leaves out, such as
+    an overlong one under the overlong filter, has 0."""
+    _, mask, advantages = batch_advantages(batch, algo, max_new_tokens, teacher_logp)
+    return ((advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).tolist()
 
 
 class PolicyUpdate:
     def __init__(self, strategy: Strategy, algorithm: AlgorithmConfig, settings: UpdateSettings,
-                 reference: nn.Module | None = None, before_step: Callable[[], None] = lambda: None):
+                 reference: nn.Module | None = None, before_step: Callable[[], None] = lambda: None,
+                 teacher: Callable[[ExperienceBatch], torch.Tensor] | None = None):
+        if algorithm.distillation_coef and teacher is None:
+            raise ValueError("algorithm.distillation_coef: distillation needs a teacher (the trainer's teacher)")
         self.strategy = strategy
         self.algorithm = algorithm
         self.settings = settings
@@ -88,11 +102,16 @@ class PolicyUpdate:
         # Called before every optimizer step: whatever still reads the weights of before it finishes first (the
         # broadcaster's copy of the last published version).
         self.before_step = before_step
+        # batch -> [N, T] the teacher's log-probs of its response tokens (trainer/teacher_scores.py); the last
+        # batch's are kept for the rollout log's advantages.
+        self.teacher = teacher
+        self._teacher_logp: tuple[ExperienceBatch, torch.Tensor] | None = None
 
     def __call__(self, batch: ExperienceBatch, policy_version: int) -> dict[str, float]:
         """One step on `batch` with the weights of `policy_version` (the version samples say they came from)."""
         algo, settings, strategy = self.algorithm, self.settings, self.strategy
-        rewards, mask, advantages = batch_advantages(batch, algo, settings.max_new_tokens)
+        teacher_logp = self.teacher_logprobs(batch)
+        rewards, mask, advantages = batch_advantages(batch, algo, settings.max_new_tokens, teacher_logp)
         whole = self.policy.micro_batches(batch, torch.arange(batch.size), self._agree)
         recomputed_old = self._recompute_old_logprobs(batch, policy_version, whole)
         ref_logp = self.reference.all_logprobs(batch, whole) if self.reference else None
@@ -127,7 +146,21 @@ class PolicyUpdate:
         out["reward_mean"] = float(rewards.mean())
         out["reward_std"] = float(rewards.std()) if batch.size > 1 else 0.0
         out["sample_utilisation"] = float(((advantages * mask).abs().sum(dim=1) > 0).float().mean())
+        if teacher_logp is not None:
+            gap = torch.where(mask.bool(), batch.behaviour_logprobs - teacher_logp, 0.0)
+            out["teacher_reverse_kl"] = float(gap.sum() / mask.sum().clamp(min=1))
         return out
+
+    def teacher_logprobs(self, batch: ExperienceBatch) -> torch.Tensor | None:
+        """The teacher's [N, T] log-probs of the batch (None without distillation), asked once per batch."""
+        if not self.algorithm.distillation_coef:
+            return None
+        if self._teacher_logp is None or self._teacher_logp[0] is not batch:
+            self._teacher_logp = (batch, self.teacher(batch))
+        return self._teacher_logp[1]
+
+    def sample_advantages(self, batch: ExperienceBatch) -> list[float]:
+        return sample_advantages(batch, self.algorithm, self.settings.max_new_tokens, self.teacher_logprobs(batch))
 
     def _agree(self, count: int) -> int:
         """The most micro-batches any data-parallel rank makes of its share."""

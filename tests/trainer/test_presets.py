@@ -51,7 +51,8 @@ def test_paper_presets_dr_grpo_and_gspo():
 
 
 def test_every_preset_is_a_valid_config_and_presets_cannot_be_mutated():
-    assert set(PRESETS) == {"GRPO", "DAPO", "RLOO", "REINFORCE_PPB", "DR_GRPO", "GSPO", "CISPO", "SAPO", "DPPO"}
+    assert set(PRESETS) == {"GRPO", "DAPO", "RLOO", "REINFORCE_PPB", "DR_GRPO", "GSPO", "CISPO", "SAPO", "DPPO",
+                            "DISTILL"}
     for name in PRESETS:
         assert isinstance(algorithm_config(name), AlgorithmConfig)
     with pytest.raises(TypeError):

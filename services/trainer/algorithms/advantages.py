@@ -76,3 +76,20 @@ def compute_advantages(name: AdvantageEstimator, rewards: Tensor, response_mask:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join([*estimators, 'reinforce_pp'])}")
     per_sample = estimators[name](rewards).reshape(-1, 1)
     return torch.where(mask, per_sample, 0.0)
+
+
+def reverse_kl_advantages(student_logp: Tensor, teacher_logp: Tensor, mask: Tensor, coef: float) -> Tensor:
+    """On-policy distillation's per-token advantage, [N, T] -> [N, T] (zero off the mask): -coef (log p_student -
+    log p_teacher) of each sampled token.
+
+    The per-token reverse KL KL(p_student || p_teacher), estimated on the student's own samples, is the expectation of
+    log p_student - log p_teacher over them; with its negative as a per-token advantage (no group baseline, no
+    discount), the policy gradient descends it: each token is pushed towards what the teacher would have said in
+    that very context (Agarwal et al. 2024, "On-Policy Distillation of Language Models: Learning from
+    Self-Generated Mistakes" (GKD) with the reverse KL; Lu and Thinking Machines Lab 2025, "On-Policy Distillation",
+    whose advantage this is). log p_student is that of the distribution the token was drawn from (the sampler's, as
+    Tinker's recipe uses), so the estimate needs no forward pass of its own."""
+    if student_logp.shape != teacher_logp.shape or student_logp.shape != mask.shape:
+        raise ValueError(f"student, teacher log-probs and mask must have one shape [N, T], got "
+                         f"{tuple(student_logp.shape)}, {tuple(teacher_logp.shape)}, {tuple(mask.shape)}")
+    return torch.where(mask.bool(), -coef * (student_logp - teacher_logp), 0.0)

@@ -69,6 +69,14 @@ class AlgorithmConfig(Schema):
     )
     mismatch_low: float = Field(0.5, ge=0, lt=1, description="lower bound of the weight mismatch_mask keeps")
     mismatch_high: float = Field(2.0, gt=1, description="upper bound of the weight mismatch_mask keeps")
+    distillation_coef: float = Field(
+        0.0, ge=0, description="on-policy distillation: each sampled token's advantage gains -coef (log p_student - "
+        "log p_teacher), the per-token reverse KL to the trainer's teacher (docs/guides/distillation.md); 0: off"
+    )
+    reward_advantage: bool = Field(
+        True, description="the advantage estimator's term from the verifier's reward; false: the distillation term "
+        "alone (needs distillation_coef > 0)"
+    )
     overlong_filtering: bool = Field(False, description="truncated responses are masked out of the loss")
     soft_overlong_punishment: bool = Field(
         False, description="DAPO's length penalty near max_new_tokens; truncated responses get no answer reward"
@@ -96,6 +104,9 @@ class AlgorithmConfig(Schema):
             raise ValueError("ratio_level 'sequence' needs aggregation 'sample_level' (GSPO averages per sequence)")
         if self.ratio_level == "sequence" and self.surrogate != "clipped":
             raise ValueError(f"surrogate {self.surrogate!r} is per token: it needs ratio_level 'token'")
+        if not self.reward_advantage and self.distillation_coef == 0:
+            raise ValueError("reward_advantage false leaves no advantage: set distillation_coef above 0 (with a "
+                             "teacher) or reward_advantage true")
         if self.mismatch_mask != "none" and self.off_policy not in ("decoupled", "truncated_is"):
             raise ValueError(f"mismatch_mask {self.mismatch_mask!r} reads the behaviour weight: it needs off_policy "
                              f"'decoupled' or 'truncated_is', not {self.off_policy!r}")

@@ -1,0 +1,96 @@
+"""On-policy distillation worked by hand through the trainer's real update: the teacher's log-probs come from a real
+teacher service over the socket, each token's advantage is -coef (log p_student - log p_teacher), alone (DISTILL)
+or added to GRPO's, and the step's loss and reverse-KL figure are what the formulas give."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from behaviour_cases import GENERATIONS, GROUPS, behaviour_groups, own_logprobs
+from strategy_helpers import make_tiny_model, strategy_config
+from transformers import AutoTokenizer
+
+from zerobubble.common.clients.teacher import TeacherClient
+from zerobubble.common.config import ClientConfig, ConfigError, load_config
+from zerobubble.common.tokenizer_fingerprint import tokenizer_fingerprint, tokenizer_name
+from zerobubble.teacher.app import build as build_teacher
+from zerobubble.teacher.config import TeacherServiceConfig
+from zerobubble.trainer.algorithms import algorithm_config
+from zerobubble.trainer.collate import collate
+from zerobubble.trainer.config import TrainerServiceConfig
+from zerobubble.trainer.strategies import make_strategy
+from zerobubble.trainer.teacher_scores import TeacherScores
+from zerobubble.trainer.update import PolicyUpdate, UpdateSettings
+
+SHIFT = 0.1   # behaviour log-probs 0.1 under the student's own: behaviour weight e^0.1 on every token
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distill")
+    return make_tiny_model(root / "student", seed=0), make_tiny_model(root / "teacher", seed=1)
+
+
+@pytest.fixture(scope="module")
+def teacher_scores(models):
+    student, teacher = models
+    host = build_teacher(load_config(TeacherServiceConfig, None, {
+        "server.listen": "127.0.0.1:0", "server.metrics_port": None, "model.path": str(teacher)})).start()
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    client = TeacherClient(ClientConfig(address=host.address, timeout_seconds=10.0),
+                           tokenizer_fingerprint(tokenizer), tokenizer_name(tokenizer, student))
+    yield TeacherScores(client)
+    client.close()
+    host.stop(grace=0)
+
+
+def step(student, algorithm, scores, batch):
+    with make_strategy(strategy_config(), student) as strategy:
+        update = PolicyUpdate(strategy, algorithm, UpdateSettings(1, 8, max_new_tokens=8), teacher=scores)
+        return update(batch, 0), update.sample_advantages(batch)
+
+
+def test_distillation_alone_trains_each_token_towards_the_teacher_with_the_hand_computed_loss(models, teacher_scores):
+    student, teacher = models
+    batch = collate(behaviour_groups(student, SHIFT), pad_id=0)
+    figures, per_sample = step(student, algorithm_config("DISTILL"), teacher_scores, batch)
+    mask = batch.response_mask.bool()
+    # By hand: the teacher's log-probs from a plain forward of the teacher model; the student's are the behaviour
+    # log-probs the samples carry (own - SHIFT).
+    reverse_kl = batch.behaviour_logprobs.double() - own_logprobs(teacher, batch)
+    advantages = torch.where(mask, -1.0 * reverse_kl, 0.0)
+    # One update from the weights that drew the samples: ratio 1 on every token, so the clipped surrogate is
+    # -w A with the behaviour weight w = pi_old / pi_behaviour = e^SHIFT; DISTILL's token-level mean.
+    expected = (-math.exp(SHIFT) * advantages).sum() / mask.sum()
+    assert figures["loss"] == pytest.approx(float(expected), abs=1e-5)
+    assert figures["teacher_reverse_kl"] == pytest.approx(float(reverse_kl[mask].mean()), abs=1e-5)
+    # The verifier's reward plays no part: the rewards differ within each group, the advantages do not follow them.
+    assert per_sample == pytest.approx((advantages.sum(1) / mask.sum(1)).tolist(), abs=1e-5)
+
+
+def test_distillation_added_to_the_verifiers_advantage(models, teacher_scores):
+    student, teacher = models
+    batch = collate(behaviour_groups(student, SHIFT), pad_id=0)
+    coef = 0.5
+    figures, _ = step(student, algorithm_config("GRPO", beta=0.0, distillation_coef=coef), teacher_scores, batch)
+    mask = batch.response_mask.bool()
+    rewards = batch.rewards.reshape(GROUPS, GENERATIONS).double()
+    grpo = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).reshape(-1, 1)
+    distill = -coef * (batch.behaviour_logprobs.double() - own_logprobs(teacher, batch))
+    per_token = torch.where(mask, -math.exp(SHIFT) * (grpo + distill), 0.0)
+    # GRPO's sample-level mean: each sample's token mean, then the mean over samples.
+    expected = (per_token.sum(1) / mask.sum(1)).mean()
+    assert figures["loss"] == pytest.approx(float(expected), abs=1e-5)
+    without = (torch.where(mask, -math.exp(SHIFT) * grpo.expand_as(mask), 0.0).sum(1) / mask.sum(1)).mean()
+    assert abs(float(expected - without)) > 1e-2, "the case must tell the distillation term from its absence"
+
+
+def test_distillation_without_a_teacher_is_refused_naming_the_field(models):
+    with pytest.raises(ConfigError, match=r"algorithm.distillation_coef: distillation needs a teacher"):
+        load_config(TrainerServiceConfig, None, {"model": str(models[0]), "algorithm.preset": "DISTILL"})
+    with pytest.raises(ConfigError, match="reward_advantage false leaves no advantage"):
+        algorithm_config("GRPO", reward_advantage=False)
+    assert load_config(TrainerServiceConfig, None, {"model": str(models[0]), "algorithm.preset": "DISTILL",
+                                                    "teacher.address": "127.0.0.1:1"}).teacher is not None
