@@ -40,34 +40,39 @@ def check_target_modules(config: LoraConfig, model_dir: Path) -> None:
                              f"(its linear layers end in: {', '.join(endings)})")
 
 
-def wrap(model: nn.Module, config: LoraConfig) -> nn.Module:
-    """The model with adapters on its target layers; only the adapters train."""
+def peft_config(config: LoraConfig):
+    """peft's LoraConfig for `config` (also for adding a named adapter beside others, as the Tinker front does)."""
     from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
+                          target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM")
+
+
+def wrap(model: nn.Module, config: LoraConfig, adapter_name: str = ADAPTER_NAME) -> nn.Module:
+    """The model with adapters on its target layers; only the adapters train."""
     from peft import get_peft_model
 
     # The adapter's config names its base; an absolute path lets it load from anywhere.
     if Path(model.name_or_path).is_dir():
         model.name_or_path = str(Path(model.name_or_path).resolve())
-    peft_config = PeftLoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
-                                 target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, peft_config, adapter_name=ADAPTER_NAME)
+    return get_peft_model(model, peft_config(config), adapter_name=adapter_name)
 
 
-def adapter_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def adapter_weights(model: nn.Module, adapter_name: str = ADAPTER_NAME) -> Iterator[tuple[str, torch.Tensor]]:
     """The adapter as the weight sync sends it (see zerobubble.common.lora_adapter): A, B and the scaling of each
     adapted layer, under the base model's module names. Sharded adapters are gathered, so every rank must consume
     the whole iterator."""
     from peft.tuners.lora import LoraLayer
 
     for name, module in model.named_modules():
-        if not isinstance(module, LoraLayer) or ADAPTER_NAME not in module.lora_A:
+        if not isinstance(module, LoraLayer) or adapter_name not in module.lora_A:
             continue
         base_name = name.removeprefix(PEFT_PREFIX)
-        for part, layer in ((LORA_A, module.lora_A[ADAPTER_NAME]), (LORA_B, module.lora_B[ADAPTER_NAME])):
+        for part, layer in ((LORA_A, module.lora_A[adapter_name]), (LORA_B, module.lora_B[adapter_name])):
             weight = layer.weight
             full = weight.full_tensor() if isinstance(weight, DTensor) else weight
             yield adapter_tensor_name(base_name, part), full.detach()
-        scaling = torch.tensor(module.scaling[ADAPTER_NAME], dtype=torch.float32)
+        scaling = torch.tensor(module.scaling[adapter_name], dtype=torch.float32)
         yield adapter_tensor_name(base_name, LORA_SCALING), scaling
 
 

@@ -1,0 +1,86 @@
+"""The sampling clients: the rollout service's generation engine (rollout/engine_factory.py) over the base model,
+with a sampler's saved adapter merged in before its requests (the engine keeps the base apart, so each adapter
+replaces the one before). Log-probs are the engine's: of each token under the distribution it was drawn from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from zerobubble.common.lora_adapter import LORA_B
+from zerobubble.rollout.engine import SamplingError, SamplingSettings
+from zerobubble.rollout.engine_factory import make_engine
+from zerobubble.tooling.tinker.errors import invalid
+from zerobubble.tooling.tinker.schema import SamplingParams
+from zerobubble.tooling.tinker.wire import Sequence
+
+Weights = list[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class SamplerWeights:
+    key: str                              # the checkpoint's tinker:// path; "" for the base model
+    adapter: Weights | None               # None: the base model
+
+
+class Sampler:
+    def __init__(self, model_dir: Path, *, seed: int, max_new_tokens: int, default_max_new_tokens: int):
+        self.engine = make_engine("transformers", model_dir, device="cpu", dtype="float32", seed=seed)
+        self.tokenizer = self.engine.tokenizer
+        self._loaded = ""
+        self._last_adapter: Weights | None = None
+        self._version = 0
+        self._max_new_tokens, self._default_max_new_tokens = max_new_tokens, default_max_new_tokens
+
+    def settings(self, params: SamplingParams, count: int) -> SamplingSettings:
+        """The engine's settings for a request; 422 naming the sampling_params field."""
+        max_tokens = params.max_tokens or self._default_max_new_tokens
+        if max_tokens > self._max_new_tokens:
+            raise invalid("sampling_params.max_tokens", f"{max_tokens} is over max_new_tokens={self._max_new_tokens}")
+        try:
+            return SamplingSettings(n=count, temperature=params.temperature, max_new_tokens=max_tokens,
+                                    top_p=params.top_p, top_k=params.top_k, stop=self._stop(params.stop),
+                                    seed=params.seed)
+        except SamplingError as exc:
+            raise invalid(f"sampling_params.{exc.field}", str(exc)) from None
+
+    def _stop(self, stop: str | list[str] | list[int] | None) -> tuple[str, ...]:
+        if stop is None or stop == []:
+            return ()  # [] would also drop the EOS stop, which the engine always keeps
+        if isinstance(stop, str):
+            return (stop,)
+        if all(isinstance(item, str) for item in stop):
+            return tuple(stop)
+        # Token ids: EOS already stops; any other becomes its text.
+        eos = set(self.tokenizer.all_special_ids) & {self.tokenizer.eos_token_id}
+        texts = []
+        for token in stop:
+            if token in eos:
+                continue
+            if token in self.tokenizer.all_special_ids or not 0 <= token < len(self.tokenizer):
+                raise invalid("sampling_params.stop", f"token {token} is no stop this server can watch for "
+                              "(only EOS and tokens that have text)")
+            texts.append(self.tokenizer.decode([token]))
+        return tuple(texts)
+
+    def sample(self, weights: SamplerWeights, prompt: list[int], settings: SamplingSettings) -> list[Sequence]:
+        self._load(weights)
+        samples = self.engine.generate([prompt], settings)[0]
+        return [Sequence(tokens=s.token_ids, logprobs=s.logprobs, stopped=s.finish_reason == "stop") for s in samples]
+
+    def _load(self, weights: SamplerWeights) -> None:
+        if weights.key == self._loaded:
+            return
+        adapter = weights.adapter
+        if adapter is None:
+            if self._last_adapter is None:
+                return  # no adapter was ever merged: the engine holds the base
+            # The base again: the last adapter with B = 0 puts each layer it changed back to its kept base.
+            adapter = [(name, torch.zeros_like(t) if name.endswith(LORA_B) else t) for name, t in self._last_adapter]
+        else:
+            self._last_adapter = adapter
+        self._version += 1
+        self.engine.load_weights(adapter, version=self._version)
+        self._loaded = weights.key

@@ -1,0 +1,157 @@
+"""The Tinker API's plain core: sessions, training clients, weights saved for samplers, sampling sessions and the
+futures their work answers through. app.py puts HTTP around it. Ids follow the client's own scheme
+(`{session}:train:{n}`, `{session}:sample:{n}`, `tinker://{model_id}/sampler_weights/{name}`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from zerobubble.tooling.tinker import schema
+from zerobubble.tooling.tinker.config import TinkerServerConfig
+from zerobubble.tooling.tinker.errors import invalid, unknown
+from zerobubble.tooling.tinker.futures import Futures
+from zerobubble.tooling.tinker.models import TrainingModels
+from zerobubble.tooling.tinker.sampler import Sampler, SamplerWeights
+from zerobubble.tooling.tinker.wire import ForwardBackwardCall, encode_sample
+
+CHECKPOINT_PREFIX = "tinker://"
+
+
+@dataclass(frozen=True)
+class SamplingSession:
+    session_id: str
+    base_model: str
+    model_path: str | None
+    weights: SamplerWeights
+
+
+class TinkerService:
+    def __init__(self, config: TinkerServerConfig):
+        self.config = config
+        self.models = TrainingModels(config.model_dir, max_models=config.max_models, max_rank=config.max_lora_rank,
+                                     alpha=config.lora_alpha, max_tokens=config.max_tokens_per_request)
+        self.sampler = Sampler(config.model_dir, seed=config.seed, max_new_tokens=config.max_new_tokens,
+                               default_max_new_tokens=config.default_max_new_tokens)
+        self.futures = Futures(config.max_pending_per_session, config.max_finished)
+        self.sessions: set[str] = set()
+        self.checkpoints: OrderedDict[str, SamplerWeights] = OrderedDict()
+        self.sampling_sessions: dict[str, SamplingSession] = {}
+
+    def capabilities(self) -> dict:
+        return {"supported_models": [{"model_name": self.config.model_name, "trainable": True, "sampleable": True,
+                                      "max_context_length": self.models.context_length or None}]}
+
+    def create_session(self) -> str:
+        session_id = uuid.uuid4().hex
+        self.sessions.add(session_id)
+        return session_id
+
+    def session(self, session_id: str) -> str:
+        if session_id not in self.sessions:
+            raise unknown("session_id", session_id)
+        return session_id
+
+    def _base_model(self, name: str, field: str) -> str:
+        if name != self.config.model_name:
+            raise invalid(field, f"{name!r} is not served; this server serves {self.config.model_name!r}")
+        return name
+
+    def create_model(self, request: schema.CreateModel) -> str:
+        session_id = self.session(request.session_id)
+        self._base_model(request.base_model, "base_model")
+        lora = self.models.check_create(request.lora_config)
+        model_id = f"{session_id}:train:{request.model_seq_id}"
+        if model_id in self.models.models:
+            raise invalid("model_seq_id", f"{request.model_seq_id} is already a training client of this session")
+        seed = request.lora_config.seed
+        return self.futures.submit(session_id, lambda: self.models.create(model_id, session_id, lora, seed))
+
+    def info(self, model_id: str) -> dict:
+        model = self.models.get(model_id)
+        return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": model.rank,
+                "model_name": self.config.model_name,
+                "model_data": {"arch": type(self.models.base).__name__, "model_name": self.config.model_name,
+                               "tokenizer_id": str(self.config.model_dir)}}
+
+    def unload_model(self, model_id: str) -> str:
+        model = self.models.get(model_id)
+        return self.futures.submit(model.session_id, lambda: self.models.unload(model_id))
+
+    def forward_backward(self, call: ForwardBackwardCall) -> str:
+        model = self.models.get(call.model_id)
+        surrogate = self.models.check_forward_backward(call)
+        return self.futures.submit(model.session_id, lambda: self.models.forward_backward(call, surrogate))
+
+    def optim_step(self, request: schema.OptimStep) -> str:
+        model = self.models.get(request.model_id)
+        return self.futures.submit(model.session_id, lambda: self.models.optim_step(request.model_id,
+                                                                                      request.adam_params))
+
+    def save_for_sampler(self, request: schema.SaveForSampler) -> str:
+        model = self.models.get(request.model_id)
+        if (request.path is None) == (request.sampling_session_seq_id is None):
+            raise invalid("path", "give a path (a named checkpoint) or a sampling_session_seq_id, not both")
+
+        def save() -> dict:
+            adapter = self.models.adapter(request.model_id)
+            if request.path is not None:
+                path = f"{CHECKPOINT_PREFIX}{request.model_id}/sampler_weights/{request.path}"
+                self.checkpoints.pop(path, None)
+                self.checkpoints[path] = SamplerWeights(path, adapter)
+                while len(self.checkpoints) > self.config.max_sampler_weights:
+                    self.checkpoints.popitem(last=False)
+                return {"path": path, "type": "save_weights_for_sampler"}
+            sampling_id = f"{model.session_id}:sample:{request.sampling_session_seq_id}"
+            key = f"{CHECKPOINT_PREFIX}{request.model_id}/sampler_weights/{sampling_id}"
+            self.sampling_sessions[sampling_id] = SamplingSession(model.session_id, self.config.model_name, None,
+                                                                  SamplerWeights(key, adapter))
+            return {"sampling_session_id": sampling_id, "type": "save_weights_for_sampler"}
+
+        return self.futures.submit(model.session_id, save)
+
+    def create_sampling_session(self, request: schema.CreateSamplingSession) -> str:
+        session_id = self.session(request.session_id)
+        if request.model_path is not None:
+            weights = self.checkpoints.get(request.model_path)
+            if weights is None:
+                raise unknown("model_path", request.model_path)
+        elif request.base_model is not None:
+            self._base_model(request.base_model, "base_model")
+            weights = SamplerWeights("", None)
+        else:
+            raise invalid("model_path", "give a model_path or a base_model")
+        sampling_id = f"{session_id}:sample:{request.sampling_session_seq_id}"
+        self.sampling_sessions[sampling_id] = SamplingSession(session_id, self.config.model_name,
+                                                              request.model_path, weights)
+        return sampling_id
+
+    def sampling_session(self, sampling_id: str) -> SamplingSession:
+        session = self.sampling_sessions.get(sampling_id)
+        if session is None:
+            raise unknown("sampling_session_id", sampling_id)
+        return session
+
+    def sample(self, request: schema.Sample) -> tuple[str, list[str]]:
+        if request.sampling_session_id is None:
+            raise invalid("sampling_session_id", "sampling needs a sampling session (create_sampling_session)")
+        session = self.sampling_session(request.sampling_session_id)
+        if request.prompt_logprobs:
+            raise invalid("prompt_logprobs", "prompt log-probs are not served; compute them with forward")
+        if request.num_samples > self.config.max_samples_per_request:
+            raise invalid("num_samples", f"{request.num_samples} is over max_samples_per_request="
+                          f"{self.config.max_samples_per_request}")
+        prompt = [token for chunk in request.prompt.chunks for token in chunk.tokens]
+        vocabulary = self.models.vocabulary
+        if not prompt:
+            raise invalid("prompt", "no tokens")
+        if min(prompt) < 0 or max(prompt) >= vocabulary:
+            raise invalid("prompt", f"a token id outside the vocabulary [0, {vocabulary})")
+        settings = self.sampler.settings(request.sampling_params, request.num_samples)
+        request_id = self.futures.submit(
+            session.session_id, lambda: encode_sample(self.sampler.sample(session.weights, prompt, settings), None))
+        return request_id, [f"{request_id}:{i}" for i in range(request.num_samples)]
+
+    def close(self) -> None:
+        self.futures.close()
