@@ -11,7 +11,7 @@ from pathlib import Path
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = ("reward", "buffer", "rollout", "trainer", "environment")
+SERVICES = ("reward", "buffer", "rollout", "trainer", "environment", "teacher")
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:

@@ -126,6 +126,10 @@ class UpConfig(Schema):
     environment: dict[str, Any] = Field(default_factory=dict, description="fields of the environment service "
                                         "config; the service is started (and restarted like the others) only when "
                                         "this section lists `environments`")
+    teacher: dict[str, Any] = Field(default_factory=dict, description="fields of the teacher service config; the "
+                                    "service is started (and restarted like the others) only when this section "
+                                    "gives model.path, and the trainer scores its steps with it (on-policy "
+                                    "distillation: run.algorithm DISTILL, or trainer.algorithm.distillation_coef)")
 
     @model_validator(mode="before")
     @classmethod
@@ -157,10 +161,27 @@ class UpConfig(Schema):
                              f"environments does not list (it lists: {', '.join(map(str, listed)) or 'nothing'})")
         return self
 
+    @model_validator(mode="after")
+    def _distillation_has_a_teacher(self):
+        from zerobubble.trainer.algorithms.presets import AlgorithmConfig  # torch-free
+
+        algorithm = AlgorithmConfig.model_validate({"preset": self.run.algorithm, **self.trainer.get("algorithm", {})})
+        if algorithm.distillation_coef and not self.runs_teacher and "teacher" not in self.trainer:
+            raise ValueError(f"run.algorithm {self.run.algorithm} with distillation_coef "
+                             f"{algorithm.distillation_coef:g} distils from a teacher: set teacher.model.path (a "
+                             "model folder whose tokenizer is the student's), or trainer.teacher.address for a "
+                             "teacher already serving")
+        return self
+
     @property
     def runs_environments(self) -> bool:
         """Whether the run starts the environment service: its section lists environments."""
         return bool(self.environment.get("environments"))
+
+    @property
+    def runs_teacher(self) -> bool:
+        """Whether the run starts the teacher service: its section names the teacher's model."""
+        return bool((self.teacher.get("model") or {}).get("path"))
 
     def prompts_reading(self, *keys: str) -> dict[str, Any]:
         """How the training set is read (of buffer.prompts: split, columns, skip_bad_rows), for other readers of
@@ -185,14 +206,18 @@ def _service_schemas() -> dict[str, tuple[type, dict[str, Any]]]:
     from zerobubble.environment.config import EnvironmentServiceConfig
     from zerobubble.reward.config import RewardServiceConfig
     from zerobubble.rollout.config import RolloutServiceConfig
+    from zerobubble.teacher.config import TeacherServiceConfig
     from zerobubble.trainer.config import TrainerServiceConfig
 
     made = "(made by up)"
     # The schedule's length is derived from the data when the run starts (run.py, with_schedule_length).
-    trainer = {"model": made, "strategy": {"optim": {"total_steps": 1_000_000}}}
+    trainer = {"model": made, "strategy": {"optim": {"total_steps": 1_000_000}},
+               # The teacher's address, when the run starts one, is known once it listens.
+               "teacher": {"address": "127.0.0.1:1"}}
     return {"reward": (RewardServiceConfig, {}), "buffer": (BufferServiceConfig, {"prompts": {"path": made}}),
             "trainer": (TrainerServiceConfig, trainer), "rollout": (RolloutServiceConfig, {"model": {"path": made}}),
-            "environment": (EnvironmentServiceConfig, {})}
+            "environment": (EnvironmentServiceConfig, {}),
+            "teacher": (TeacherServiceConfig, {"model": {"path": made}})}
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from zerobubble.common.run_spec import RunSpec, model_identity, require_agreemen
 from zerobubble.environment.config import EnvironmentServiceConfig
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.teacher.config import TeacherServiceConfig
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
 from zerobubble.tooling.launcher.config import UpConfig, merge, validated, write_yaml
 from zerobubble.tooling.launcher.failures import FAILURE_LOG, EnvironmentsFailed, FailureFollower
@@ -88,6 +89,9 @@ class Run:
         if config.runs_environments:
             environment = self.start("environment", "environment", EnvironmentServiceConfig,
                                      merge({"server": SERVER}, config.environment))
+        teacher = None
+        if config.runs_teacher:
+            teacher = self.start("teacher", "teacher", TeacherServiceConfig, merge({"server": SERVER}, config.teacher))
         spec = build_run_spec(config, assets.model)
         buffer_config = validated(BufferServiceConfig, merge({"prompts": {"path": assets.train}}, config.buffer),
                                   "buffer section")
@@ -97,6 +101,7 @@ class Run:
             # Where the rollout's evaluations land, for the trainer's dashboards (when it has any).
             "tracking": {"eval_summary": self.run_dir / "eval" / "summary.jsonl"},
             "algorithm": {"preset": spec.algorithm},
+            **({"teacher": {"address": teacher.address, **TOKEN}} if teacher is not None else {}),
         }, config.trainer)
         trainer_tree = with_schedule_length(trainer_tree, lambda: self.train_rows(assets),
                                             buffer_config.prompts.epochs)
