@@ -58,9 +58,11 @@ def make_sandbox():
         sandbox.close()
 
 
-@pytest.fixture
-def sandbox(make_sandbox) -> CodeSandbox:
-    sandbox = make_sandbox()
+# Every check runs against both ways of starting a run: in the slot's warm sandbox (the default) and in a
+# bubblewrap sandbox of its own.
+@pytest.fixture(params=[True, False], ids=["warm", "cold"])
+def sandbox(make_sandbox, request) -> CodeSandbox:
+    sandbox = make_sandbox(warm_slots=request.param)
     if not sandbox.isolation.full:
         pytest.skip(f"no full isolation on this machine: {sandbox.isolation.reason}")
     return sandbox
@@ -509,3 +511,45 @@ def test_the_next_run_of_a_slot_gets_its_whole_memory_bound(make_sandbox):
         assert sandbox.run(sysv_leave_program(shm_key, msg_key, share, "left"), "").status == "ok"
     stat = dict(line.split() for line in (sandbox.cgroups.slots[0] / "memory.stat").read_text().splitlines())
     assert int(stat["shmem"]) == 0
+
+
+LEAVE_BEHIND = """
+import os, time
+with open("/tmp/left.txt", "w") as f:
+    f.write("left")
+os.mkdir("/tmp/folder")
+if os.fork() == 0:  # a process that would outlive the run, in a session of its own
+    os.setsid()
+    time.sleep(60)
+    os._exit(0)
+print("left")
+"""
+LOOK_AROUND = """
+import os
+print(sorted(os.listdir("/tmp")))
+mine = os.getuid()
+others = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        uids = [line.split()[1] for line in open(f"/proc/{pid}/status") if line.startswith("Uid:")]
+    except OSError:
+        continue
+    if int(pid) != os.getpid() and uids == [str(mine)]:
+        others.append(pid)
+print(others)
+"""
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_nothing_a_run_leaves_reaches_the_next_run_of_its_slot(make_sandbox, warm):
+    # One slot, so that both runs have the same uid and, when warm, the same slot's sandbox.
+    sandbox = make_sandbox(slots=1, warm_slots=warm)
+    message = f"zb-message-{uuid.uuid4().hex}"
+    with sysv_keys() as (shm_key, msg_key):
+        assert sandbox.run(LEAVE_BEHIND, "").stdout == "left\n"
+        assert sandbox.run(sysv_leave_program(shm_key, msg_key, 1024 * 1024, message), "").status == "ok"
+        later = sandbox.run(sysv_read_program(msg_key), "")
+        looked = sandbox.run(LOOK_AROUND, "")
+    assert (later.status, later.stdout) == ("ok", "")
+    assert (looked.status, looked.stdout) == ("ok", "['main.py']\n[]\n")
+    assert slot_processes(sandbox, zombies=False) == []

@@ -19,6 +19,9 @@ class SandboxConfig(Schema):
     slots: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0,
                        description="programs run at once; each slot has its own user id and memory cgroup")
     uid_base: int = Field(61000, ge=1000, description="slot i runs as uid/gid uid_base + i")
+    warm_slots: bool = Field(True, description="each slot keeps its bubblewrap sandbox and launcher between runs "
+                             "and gives each run fresh namespaces and a fresh /tmp in it (false: a new bubblewrap "
+                             "sandbox per run)")
     wall_seconds: float = Field(10.0, gt=0)
     cpu_seconds: int = Field(10, gt=0)
     memory_bytes: int = Field(512 * 1024 * 1024, gt=0, description="memory of a whole run (a cgroup: all its "

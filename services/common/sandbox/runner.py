@@ -7,6 +7,9 @@ and cgroup namespaces, and a root holding only /usr read-only (the interpreter a
 /proc and /dev, and a private /tmp with the program. sandbox_entry.py, started in there, applies the
 per-process limits and starts the program under the slot's uid. This side feeds stdin, collects output up
 to a cap, enforces the wall-clock limit and classifies the outcome.
+
+With `warm_slots` (the default) a slot's bubblewrap sandbox and launcher interpreter stay up between runs
+(warm.py), and each run gets new mount, pid, IPC and cgroup namespaces, a fresh /tmp and /proc inside it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from zerobubble.common.sandbox.config import SandboxConfig
+from zerobubble.common.sandbox.warm import WarmSlot, WarmSlotError
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +47,13 @@ _PROBE_SOURCE = 'print("ok")'
 _JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
 # Namespaces of its own for all but users (the slot uids are real uids, so that the host's process and file
 # checks apply to them), and no capability but the two that sandbox_entry.py needs to change user.
-_ISOLATION = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup",
-              "--die-with-parent", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID")
+_NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup")
+_ISOLATION = (*_NAMESPACES, "--die-with-parent", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
+              "CAP_SETGID")
+# A warm slot's zygote also makes each run's namespaces and mounts (CAP_SYS_ADMIN) and empties the program's
+# capability bounding set (CAP_SETPCAP); programs hold none of the four.
+_ZYGOTE_ISOLATION = (*_NAMESPACES, "--cap-drop", "ALL", *(arg for cap in ("CAP_SETUID", "CAP_SETGID",
+                     "CAP_SYS_ADMIN", "CAP_SETPCAP") for arg in ("--cap-add", cap)))
 _CGROUP_PREFIX = "zerobubble-sandbox-"  # then the service's pid and the sandbox's number in it
 _SANDBOX_NUMBERS = itertools.count()
 _EMPTY_SECONDS = 5.0  # for what a run leaves in its cgroup (killed processes, shared memory) to go
@@ -121,6 +130,7 @@ class CodeSandbox:
             self._slots.put(slot)
         self._lock = threading.Lock()
         self._kills = 0
+        self._warm: list[WarmSlot | None] = [None] * config.slots  # started at a slot's first run
         self.cgroups: SlotCgroups | None = None
         self.isolation = self._probe()
 
@@ -165,6 +175,10 @@ class CodeSandbox:
             self.cgroups.kill_all()
             with contextlib.suppress(queue.Empty):
                 held.append(self._slots.get(timeout=0.05))
+        for slot, warm in enumerate(self._warm):
+            if warm is not None:
+                warm.close()
+                self._warm[slot] = None
         self.cgroups.close()
         for slot in held:  # a run that got past the check before the close fails at once, not waits forever
             self._slots.put(slot)
@@ -202,6 +216,8 @@ class CodeSandbox:
             self._slots.put(slot)
 
     def _execute(self, slot: int, source: bytes, stdin: bytes, deadline: float | None) -> RunResult:
+        if self.config.warm_slots:
+            return self._execute_warm(slot, source, stdin, deadline)
         cgroups = self.cgroups
         oom_kills = cgroups.oom_kills(slot)
         status_read, status_write = os.pipe()
@@ -226,7 +242,9 @@ class CodeSandbox:
                 finally:
                     os.close(status_write)
         try:
-            killed_for, out, err, status = self._communicate(proc, status_read, stdin, deadline)
+            killed_for, out, err, status = self._communicate(
+                proc.stdin, proc.stdout.fileno(), proc.stderr.fileno(), status_read, stdin, deadline,
+                exit_fd=os.pidfd_open(proc.pid))
         finally:
             _kill_group(proc.pid)  # session leader: its pid is the group's id
             proc.wait()
@@ -239,12 +257,92 @@ class CodeSandbox:
             with self._lock:
                 self._kills += 1
         out_of_memory = cgroups.oom_kills(slot) > oom_kills
-        return self._verdict(killed_for, _Report.parse(status), proc.returncode, out, err, seconds, out_of_memory)
+        unreported = f"the launcher exited with {proc.returncode}: {err.decode(errors='replace').strip()[-500:]}"
+        return self._verdict(killed_for, _Report.parse(status), unreported, out, err, seconds, out_of_memory)
+
+    def _execute_warm(self, slot: int, source: bytes, stdin: bytes, deadline: float | None) -> RunResult:
+        """A run in the slot's warm sandbox. The end of file on the status pipe is the end of the run: the run's
+        init holds it until it exits, and then the kernel kills whatever the program left."""
+        cgroups = self.cgroups
+        oom_kills = cgroups.oom_kills(slot)
+        started = time.monotonic()
+        launched = self._launch_warm(slot, source)
+        if isinstance(launched, str):
+            return RunResult("sandbox_error", None, "", launched, time.monotonic() - started)
+        feed, out_read, err_read, status_read = launched
+        try:
+            killed_for, out, err, status = self._communicate(feed, out_read, err_read, status_read, stdin,
+                                                             deadline)
+        finally:
+            feed.close()
+            for fd in (out_read, err_read, status_read):
+                os.close(fd)
+            cgroups.empty(slot)
+        seconds = time.monotonic() - started
+        report = _Report.parse(status)
+        if killed_for or report.error or report.exit_code is None:
+            self._replace(slot)  # nothing of a run that went wrong is kept, its slot's sandbox included
+        if killed_for:
+            with self._lock:
+                self._kills += 1
+        out_of_memory = cgroups.oom_kills(slot) > oom_kills
+        return self._verdict(killed_for, report, "the slot's sandbox ended the run without a report", out, err,
+                             seconds, out_of_memory)
+
+    def _launch_warm(self, slot: int, source: bytes) -> tuple[BinaryIO, int, int, int] | str:
+        """Hands a run to the slot's zygote, starting it first where there is none: this side's ends of the run's
+        stdin, stdout, stderr and status pipes, or why it could not."""
+        failure = ""
+        for _ in range(2):  # a zygote that died since the slot's last run is replaced once
+            warm = self._warm[slot]
+            if warm is None or not warm.alive:
+                self._replace(slot)
+                try:
+                    warm = self._warm[slot] = self._start_warm(slot)
+                except (OSError, WarmSlotError) as exc:
+                    return str(exc)
+            (stdin_read, stdin_write), (out_read, out_write), (err_read, err_write), (status_read, status_write) \
+                = os.pipe(), os.pipe(), os.pipe(), os.pipe()
+            theirs = (stdin_read, out_write, err_write, status_write)
+            try:
+                with _memory_file(source) as program:
+                    taken = warm.launch(self._tmp_bytes(len(source)), (program.fileno(), *theirs))
+            finally:
+                for fd in theirs:
+                    os.close(fd)
+            if taken:
+                return os.fdopen(stdin_write, "wb", buffering=0), out_read, err_read, status_read
+            for fd in (stdin_write, out_read, err_read, status_read):
+                os.close(fd)
+            self._replace(slot)
+            failure = "the slot's sandbox did not take the run"
+        return failure
+
+    def _start_warm(self, slot: int) -> WarmSlot:
+        options = [*_ZYGOTE_ISOLATION, *self._root, "--dir", "/tmp", "--chdir", "/tmp", "--clearenv",
+                   *(arg for name, value in _ENV.items() for arg in ("--setenv", name, value))]
+        with _memory_file(b"".join(option.encode() + b"\0" for option in options)) as bwrap_options:
+            def command(control: int, cgroup: int) -> list[str]:
+                return ["/bin/sh", "-c", _JOIN_CGROUP, str(self.cgroups.zygote_procs(slot)), self.bwrap,
+                        "--args", str(bwrap_options.fileno()), "--", self.python, "-I", "-S", _ENTRY_INSIDE,
+                        "zygote", str(control), str(cgroup), *self._spec(slot)]
+
+            return WarmSlot(command, (bwrap_options.fileno(),), self.cgroups.procs(slot), _ENV)
+
+    def _replace(self, slot: int) -> None:
+        """Ends the slot's warm sandbox; its next run starts a new one."""
+        warm, self._warm[slot] = self._warm[slot], None
+        if warm is not None:
+            warm.close()
+        self.cgroups.empty_zygote(slot)
+
+    def _tmp_bytes(self, program_bytes: int) -> int:
+        """The private /tmp's size: it bounds all that is written (RLIMIT_FSIZE bounds one file only)."""
+        return program_bytes + self.config.max_file_bytes + 4096
 
     def _bwrap_options(self, program: int, program_bytes: int) -> list[str]:
-        # The private /tmp bounds all that is written (RLIMIT_FSIZE bounds one file only); the program's
-        # file is root's, so the program cannot replace it.
-        tmp_bytes = program_bytes + self.config.max_file_bytes + 4096
+        # The program's file is root's, so the program cannot replace it.
+        tmp_bytes = self._tmp_bytes(program_bytes)
         return [*_ISOLATION, *self._root, "--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
                 "--perms", "0444", "--file", str(program), "/tmp/main.py", "--chdir", "/tmp", "--clearenv",
                 *(arg for name, value in _ENV.items() for arg in ("--setenv", name, value))]
@@ -256,12 +354,13 @@ class CodeSandbox:
                 "max_file_bytes": cfg.max_file_bytes, "max_open_files": cfg.max_open_files}
         return [f"{key}={value}" for key, value in spec.items()]
 
-    def _communicate(self, proc: subprocess.Popen, status_fd: int, stdin: bytes, caller_deadline: float | None,
+    def _communicate(self, feed: BinaryIO, out_fd: int, err_fd: int, status_fd: int, stdin: bytes,
+                     caller_deadline: float | None, exit_fd: int | None = None,
                      ) -> tuple[str | None, bytes, bytes, bytes]:
-        """Feeds stdin and collects output until the launcher exits. Returns why the tree must be killed
-        (None when it ended by itself), stdout, stderr and the launcher's report."""
+        """Feeds stdin and collects output until the run ends: `exit_fd` (a pidfd, closed here) is readable, or,
+        without one, the status pipe is at its end. Returns why the tree must be killed (None when it ended by
+        itself), stdout, stderr and the launcher's report."""
         cap = self.config.max_output_bytes
-        out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
         caps = {out_fd: cap, err_fd: cap, status_fd: _STATUS_CAP}
         bufs = {fd: bytearray() for fd in caps}
         pending = memoryview(stdin)
@@ -274,18 +373,18 @@ class CodeSandbox:
         def over_cap() -> bool:
             return len(bufs[out_fd]) > cap or len(bufs[err_fd]) > cap
 
-        pidfd = os.pidfd_open(proc.pid)
         try:
             with selectors.DefaultSelector() as selector:
                 for fd in caps:
                     os.set_blocking(fd, False)
                     selector.register(fd, selectors.EVENT_READ)
-                selector.register(pidfd, selectors.EVENT_READ)
+                if exit_fd is not None:
+                    selector.register(exit_fd, selectors.EVENT_READ)
                 if pending:
-                    os.set_blocking(proc.stdin.fileno(), False)
-                    selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+                    os.set_blocking(feed.fileno(), False)
+                    selector.register(feed.fileno(), selectors.EVENT_WRITE)
                 else:
-                    proc.stdin.close()
+                    feed.close()
                 exited = False
                 while not exited and not killed_for:
                     timeout = deadline - time.monotonic()
@@ -293,20 +392,22 @@ class CodeSandbox:
                         killed_for = cut_for
                         break
                     for key, _ in selector.select(timeout):
-                        if key.fd == pidfd:
+                        if key.fd == exit_fd:
                             exited = True
                         elif key.fd in bufs:
                             if not _drain(key.fd, bufs[key.fd], caps[key.fd]):
                                 selector.unregister(key.fd)
+                                exited = exited or (exit_fd is None and key.fd == status_fd)
                         else:
                             pending = _feed(key.fd, pending)
                             if not pending:
                                 selector.unregister(key.fd)
-                                proc.stdin.close()
+                                feed.close()
                     if over_cap():
                         killed_for = "output_limit"
         finally:
-            os.close(pidfd)
+            if exit_fd is not None:
+                os.close(exit_fd)
         if not killed_for:  # the launcher has exited: take what its processes left in the pipes
             for fd, buf in bufs.items():
                 _drain(fd, buf, caps[fd])
@@ -314,8 +415,9 @@ class CodeSandbox:
                 killed_for = "output_limit"
         return killed_for, bytes(bufs[out_fd][:cap]), bytes(bufs[err_fd][:cap]), bytes(bufs[status_fd])
 
-    def _verdict(self, killed_for: str | None, report: _Report, returncode: int, out: bytes, err: bytes,
+    def _verdict(self, killed_for: str | None, report: _Report, unreported: str, out: bytes, err: bytes,
                  seconds: float, out_of_memory: bool) -> RunResult:
+        """`unreported`: the reason given when the launcher reported nothing."""
         stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
         if killed_for:
             return RunResult(killed_for, None, stdout, stderr, seconds)
@@ -323,7 +425,7 @@ class CodeSandbox:
         if out_of_memory and code != 0:  # the kernel killed a process of the run for the cgroup's bound
             return RunResult("memory_limit", code, stdout, stderr, seconds)
         if report.error or code is None:
-            reason = report.error or f"the launcher exited with {returncode}: {stderr.strip()[-500:]}"
+            reason = report.error or unreported
             return RunResult("sandbox_error", None, stdout, reason, seconds)
         if code == 0:
             status = "ok"
@@ -371,23 +473,34 @@ class SlotCgroups:
         self.base = parent / f"{_CGROUP_PREFIX}{os.getpid()}-{next(_SANDBOX_NUMBERS)}"
         self.base.mkdir(exist_ok=True)
         self.slots: list[Path] = []
+        # Each slot's warm sandbox (its zygote) lives in a cgroup beside the slot's, which runs leave alone.
+        self.zygotes: list[Path] = []
+        folders: list[Path] = []
         # Removed by close(), or at the latest at exit, for a sandbox nobody closed.
-        self._removal = weakref.finalize(self, _remove_cgroups, self.base, self.slots)
+        self._removal = weakref.finalize(self, _remove_cgroups, self.base, folders)
         if self.version == 2:
             (self.base / "cgroup.subtree_control").write_text("+memory")
         # Swap counts too, where the kernel accounts for it: otherwise a run could spill past its bound.
         limit, swap = (("memory.limit_in_bytes", "memory.memsw.limit_in_bytes") if self.version == 1
                        else ("memory.max", "memory.swap.max"))
         for slot in range(slots):
+            zygote = self.base / f"zygote-{slot}"
+            zygote.mkdir(exist_ok=True)
+            self.zygotes.append(zygote)
+            folders.append(zygote)
             folder = self.base / f"slot-{slot}"
             folder.mkdir(exist_ok=True)
             self.slots.append(folder)
+            folders.append(folder)
             (folder / limit).write_text(str(memory_bytes))
             if (folder / swap).exists():
                 (folder / swap).write_text(str(memory_bytes if self.version == 1 else 0))
 
     def procs(self, slot: int) -> Path:
         return self.slots[slot] / "cgroup.procs"
+
+    def zygote_procs(self, slot: int) -> Path:
+        return self.zygotes[slot] / "cgroup.procs"
 
     def oom_kills(self, slot: int) -> int:
         """Processes the kernel has killed in this slot's cgroup for its memory bound, ever."""
@@ -396,6 +509,9 @@ class SlotCgroups:
 
     def empty(self, slot: int) -> None:
         _empty(self.slots[slot])
+
+    def empty_zygote(self, slot: int) -> None:
+        _empty(self.zygotes[slot])
 
     def kill_all(self) -> None:
         for folder in self.slots:
@@ -442,8 +558,8 @@ def _figure(path: Path, key: str) -> int:
     return 0
 
 
-def _remove_cgroups(base: Path, slots: list[Path]) -> None:
-    for folder in slots:
+def _remove_cgroups(base: Path, folders: list[Path]) -> None:
+    for folder in folders:
         _empty(folder)
     _remove_tree(base)
 
