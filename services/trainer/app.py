@@ -95,7 +95,7 @@ class TrainerHost(ServiceHost):
             tokenizer = AutoTokenizer.from_pretrained(config.model)
             if config.teacher is not None:
                 self.teacher = TeacherClient(config.teacher, tokenizer_fingerprint(tokenizer),
-                                             tokenizer_name(tokenizer, config.model))
+                                             tokenizer_name(tokenizer, config.model), retries=False)
                 self.teacher.connect(field="teacher")
         except BaseException:
             self._close_clients()
@@ -123,11 +123,14 @@ class TrainerHost(ServiceHost):
         self.broadcaster = None
         if config.weight_sync is not None and self.strategy.rank == 0:
             self.broadcaster = WeightBroadcaster(config.weight_sync, self.registry).start()
+        self.teacher_scores = None
+        if self.teacher is not None:
+            self.teacher_scores = TeacherScores(self.teacher, give_up_seconds=config.teacher.retry_seconds)
         # Published weights are copied while the next step's forward and backward run; its update waits for the
         # copy before it changes the live weights the copy reads.
         update = PolicyUpdate(self.strategy, algorithm, settings, reference,
                               before_step=self.broadcaster.wait_copied if self.broadcaster else lambda: None,
-                              teacher=TeacherScores(self.teacher) if self.teacher else None)
+                              teacher=self.teacher_scores)
         self.loop = TrainingLoop(config, self.strategy, update, self.buffer, pad_id=pad_id,
                                  metrics=TrainerMetrics(self.registry), broadcaster=self.broadcaster)
         self.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
@@ -171,6 +174,9 @@ class TrainerHost(ServiceHost):
         side by side; a loop still busy at the end of the grace is left to die with the process."""
         deadline = time.monotonic() + (self.config.grace_seconds if grace is None else grace)
         self.loop.stop()
+        if self.teacher_scores is not None:
+            # A step waiting for a teacher that is down ends now, untrained (its groups come back on resume).
+            self.teacher_scores.close()
         if self.broadcaster is not None:
             # Watch streams last as long as the broadcaster: closed first, they end now, not at the grace.
             self.broadcaster.close()

@@ -7,11 +7,17 @@ path; the teacher's own batching keeps it to one request per max_sequences sampl
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
 from zerobubble.common.clients.teacher import TeacherClient
+from zerobubble.common.persistence import until_done
 from zerobubble.trainer.collate import ExperienceBatch
+
+# The longest pause between two tries at a teacher that is down, slow or busy.
+TEACHER_BACKOFF_MAX_SECONDS = 5.0
 
 
 def teacher_sequences(batch: ExperienceBatch) -> list[tuple[np.ndarray, int]]:
@@ -24,13 +30,25 @@ def teacher_sequences(batch: ExperienceBatch) -> list[tuple[np.ndarray, int]]:
 
 
 class TeacherScores:
-    """batch -> [N, T] float32 log p_teacher of each response token (0 on padding), from the teacher service."""
+    """batch -> [N, T] float32 log p_teacher of each response token (0 on padding), from the teacher service.
 
-    def __init__(self, client: TeacherClient):
+    A teacher that is down, restarting, slow past the deadline or busy is waited for with backoff, a warning each
+    try, for the client's retry_seconds; then the step fails with the last error (the client retries nothing
+    itself: built with retries=False, one retry layer). close() ends the wait at once."""
+
+    def __init__(self, client: TeacherClient, give_up_seconds: float):
         self.client = client
+        self.give_up_seconds = give_up_seconds
+        self.stopping = threading.Event()
 
     def __call__(self, batch: ExperienceBatch) -> torch.Tensor:
+        sequences = teacher_sequences(batch)
+        answers = until_done(lambda: self.client.logprobs(sequences), what="teacher log-probs", stop=self.stopping,
+                             max_backoff=TEACHER_BACKOFF_MAX_SECONDS, give_up_seconds=self.give_up_seconds)
         out = torch.zeros(batch.response_mask.shape)
-        for row, scores in enumerate(self.client.logprobs(teacher_sequences(batch))):
+        for row, scores in enumerate(answers):
             out[row, :len(scores)] = torch.from_numpy(scores)
         return out
+
+    def close(self) -> None:
+        self.stopping.set()

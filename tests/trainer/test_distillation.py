@@ -4,8 +4,11 @@ or added to GRPO's, and the step's loss and reverse-KL figure are what the formu
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 
+import grpc
 import pytest
 import torch
 from behaviour_cases import GENERATIONS, GROUPS, behaviour_groups, own_logprobs
@@ -14,9 +17,11 @@ from transformers import AutoTokenizer
 
 from zerobubble.common.clients.teacher import TeacherClient
 from zerobubble.common.config import ClientConfig, ConfigError, load_config
+from zerobubble.common.persistence import Stopped
 from zerobubble.common.tokenizer_fingerprint import tokenizer_fingerprint, tokenizer_name
 from zerobubble.teacher.app import build as build_teacher
 from zerobubble.teacher.config import TeacherServiceConfig
+from zerobubble.tooling.ports import free_port
 from zerobubble.trainer.algorithms import algorithm_config
 from zerobubble.trainer.collate import collate
 from zerobubble.trainer.config import TrainerServiceConfig
@@ -41,7 +46,7 @@ def teacher_scores(models):
     tokenizer = AutoTokenizer.from_pretrained(student)
     client = TeacherClient(ClientConfig(address=host.address, timeout_seconds=10.0),
                            tokenizer_fingerprint(tokenizer), tokenizer_name(tokenizer, student))
-    yield TeacherScores(client)
+    yield TeacherScores(client, give_up_seconds=10.0)
     client.close()
     host.stop(grace=0)
 
@@ -94,3 +99,46 @@ def test_distillation_without_a_teacher_is_refused_naming_the_field(models):
         algorithm_config("GRPO", reward_advantage=False)
     assert load_config(TrainerServiceConfig, None, {"model": str(models[0]), "algorithm.preset": "DISTILL",
                                                     "teacher.address": "127.0.0.1:1"}).teacher is not None
+
+
+def start_teacher_at(model, listen: str):
+    return build_teacher(load_config(TeacherServiceConfig, None, {
+        "server.listen": listen, "server.metrics_port": None, "server.grace_seconds": 0, "model.path": str(model)})
+    ).start()
+
+
+def test_a_teacher_down_mid_run_is_waited_for_with_backoff_and_said_so(models, caplog):
+    student, teacher = models
+    batch = collate(behaviour_groups(student, SHIFT), pad_id=0)
+    listen = f"127.0.0.1:{free_port()}"
+    host = start_teacher_at(teacher, listen)
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    client = TeacherClient(ClientConfig(address=listen, timeout_seconds=10.0), tokenizer_fingerprint(tokenizer),
+                           tokenizer_name(tokenizer, student), retries=False)
+    client.connect()
+    host.stop(grace=0)
+    back = []
+    restart = threading.Timer(1.5, lambda: back.append(start_teacher_at(teacher, listen)))
+    restart.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="zerobubble.common.persistence"):
+            scores = TeacherScores(client, give_up_seconds=30.0)(batch)
+    finally:
+        restart.join()
+        for started in back:
+            started.stop(grace=0)
+    mask = batch.response_mask.bool()
+    assert scores[mask].double().tolist() == pytest.approx(own_logprobs(teacher, batch)[mask].tolist(), abs=1e-5)
+    assert "teacher log-probs: UNAVAILABLE" in caplog.text, "the wait is said in the log"
+
+    # Down for longer than the client's retry_seconds: the step fails with the teacher's status; close() ends a
+    # wait at once.
+    waiting = TeacherScores(client, give_up_seconds=0.5)
+    with pytest.raises(grpc.RpcError) as caught:
+        waiting(batch)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    stopped = TeacherScores(client, give_up_seconds=30.0)
+    stopped.close()
+    with pytest.raises(Stopped):
+        stopped(batch)
+    client.close()
