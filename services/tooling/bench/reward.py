@@ -1,6 +1,6 @@
-"""`zerobubble bench reward`: math scores/s with 1 worker and with N, and sandboxed programs/s
-against bare interpreter spawns of the same program on the same input at the same concurrency, all measured in
-one run.
+"""`zerobubble bench reward`: math scores/s with 1 worker and with N, and sandboxed programs/s, in warm slots and
+in a bubblewrap sandbox each, against bare interpreter spawns of the same program on the same input at the same
+concurrency, all measured in one run.
 
 `zerobubble bench reward --load`: many concurrent closed-loop scoring streams against one reward service
 process: items/s, latency percentiles, how each stream fared, health-check failures meanwhile, and the
@@ -56,10 +56,11 @@ def _math_rate(workers: int, count: int) -> float:
         return count / (time.perf_counter() - start)
 
 
-def _code_rate(slots: int, count: int) -> float:
+def _code_rate(slots: int, count: int, warm: bool) -> float:
     tests = {"inputs": ["1 2 3\n"], "outputs": ["6\n"]}
     requests = [score_request("code", _PROGRAM, test_cases=tests, id=str(i)) for i in range(count)]
-    with reward_client(overrides=[f"sandbox.slots={slots}", "math.workers=1"]) as client:
+    overrides = [f"sandbox.slots={slots}", f"sandbox.warm_slots={str(warm).lower()}", "math.workers=1"]
+    with reward_client(overrides=overrides) as client:
         client.score_batch(requests[:slots])
         start = time.perf_counter()
         results = client.score_batch(requests)
@@ -98,8 +99,10 @@ def _median_ms(run, count: int) -> float:
 
 def _sandbox_stages(python: str, count: int) -> dict:
     """Where a sandboxed run's time goes, one run at a time (medians): the same program spawned bare, what
-    bubblewrap's namespaces and root cost alone, the launcher interpreter's start-up, and the whole run."""
-    box = CodeSandbox(SandboxConfig(slots=1))
+    bubblewrap's namespaces and root cost alone, the launcher interpreter's start-up, and the whole run, in a
+    bubblewrap sandbox of its own (cold) and in a warm slot."""
+    box = CodeSandbox(SandboxConfig(slots=1, warm_slots=False))
+    warm = CodeSandbox(SandboxConfig(slots=1))
     try:
         with tempfile.TemporaryDirectory() as folder:
             Path(folder, "main.py").write_text(_PROGRAM_SOURCE)
@@ -111,26 +114,35 @@ def _sandbox_stages(python: str, count: int) -> dict:
             "bubblewrap_alone": _median_ms(lambda: subprocess.run(bwrap, check=True), count),
             "launcher_interpreter": _median_ms(
                 lambda: subprocess.run([python, "-I", "-S", "-c", "pass"], check=True), count),
-            "sandboxed_run": _median_ms(lambda: box.run(_PROGRAM_SOURCE, "1 2 3\n"), count),
+            "sandboxed_run_cold": _median_ms(lambda: box.run(_PROGRAM_SOURCE, "1 2 3\n"), count),
+            "sandboxed_run_warm": _median_ms(lambda: warm.run(_PROGRAM_SOURCE, "1 2 3\n"), count),
         }
     finally:
         box.close()
+        warm.close()
 
 
 def bench_sandbox(programs: int = 40) -> dict:
-    """Sandboxed programs/s at one slot per core against bare spawns of the same program at the same concurrency,
-    and the stages of one sandboxed run."""
+    """Sandboxed programs/s at one slot per core, in warm slots (the default) and in a bubblewrap sandbox each
+    (cold), against bare spawns of the same program at the same concurrency, and the stages of one sandboxed
+    run. The three rates are taken in turn, bare between the two sandboxed ones."""
     cores = os.cpu_count() or 1
-    code = _code_rate(cores, programs)
     # The baseline spawns the interpreter the sandbox runs programs with, not a PATH shim.
-    python = CodeSandbox(SandboxConfig()).python
+    probe = CodeSandbox(SandboxConfig(slots=1, warm_slots=False))
+    python = probe.python
+    probe.close()
+    warm = _code_rate(cores, programs, warm=True)
     spawn = _spawn_rate(python, cores, programs)
+    cold = _code_rate(cores, programs, warm=False)
     return {
         "cores": cores,
-        "code_programs_per_s": round(code, 1),
+        "code_programs_per_s": round(warm, 1),
+        "cold_code_programs_per_s": round(cold, 1),
         "bare_program_spawns_per_s": round(spawn, 1),
         "python": python,
-        "code_vs_bare_spawn_ratio": round(code / spawn, 3),
+        "code_vs_bare_spawn_ratio": round(warm / spawn, 3),
+        "cold_vs_bare_spawn_ratio": round(cold / spawn, 3),
+        "warm_vs_cold_ratio": round(warm / cold, 2),
         "sandbox_stages_ms": _sandbox_stages(python, max(5, programs // 2)),
     }
 
@@ -310,7 +322,7 @@ def register_bench(benches) -> None:
     parser.add_argument("--items", type=int, default=400, help="math items per measurement")
     parser.add_argument("--programs", type=int, default=40, help="programs per measurement")
     parser.add_argument("--sandbox-only", action="store_true",
-                        help="only the sandboxed programs against bare spawns of the same program")
+                        help="only the sandboxed programs, warm and cold, against bare spawns of the same program")
     parser.add_argument("--load", action="store_true",
                         help="closed-loop scoring streams: items/s, latency, health-check failures, service memory")
     parser.add_argument("--streams", type=int, default=64, help="--load: concurrent streams")
