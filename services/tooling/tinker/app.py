@@ -133,8 +133,8 @@ def create_app(service: TinkerService) -> FastAPI:
 
     @app.api_route(f"{API}/{{rest:path}}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def not_served(rest: str) -> JSONResponse:
-        return JSONResponse({"detail": f"{API}/{rest[:100]} is not served by this server (docs/guides/tinker.md "
-                                       "lists what is)", "field": "path"}, 404)
+        raise Refused(404, "path", f"{API}/{rest[:100]} is not served by this server (docs/guides/tinker.md lists "
+                      "what is)")
 
     guard = RequestGuard(config.listen.rsplit(":", 1)[0], config.auth.bearer_token(), config.allowed_hosts)
     app.add_middleware(GuardMiddleware, guard=guard, max_body_bytes=config.max_body_bytes)
