@@ -7,6 +7,7 @@ import logging
 from zerobubble.common.server import ServiceHost
 from zerobubble.teacher.config import TeacherServiceConfig
 from zerobubble.teacher.core import TeacherCore
+from zerobubble.teacher.metrics import TeacherMetrics
 from zerobubble.teacher.servicer import TeacherServicer
 from zerobubble.v1 import teacher_pb2_grpc
 
@@ -23,8 +24,9 @@ def build(config: TeacherServiceConfig, scorer=None) -> ServiceHost:
         from zerobubble.teacher.model import TeacherModel  # torch: only where a model is served
 
         scorer = TeacherModel(config.model)
-    core = TeacherCore(scorer, config.limits)
     host = ServiceHost("teacher", config.server)
+    core = TeacherCore(scorer, config.limits, TeacherMetrics(host.registry))
+    host.core = core
     host.add(teacher_pb2_grpc.add_TeacherServiceServicer_to_server, TeacherServicer(core), SERVICE_NAME)
     log.info("teacher %s (tokenizer %s) ready to score", scorer.path, scorer.tokenizer_name)
     return host

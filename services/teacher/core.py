@@ -4,13 +4,15 @@ one request at a time. Knows nothing of gRPC; the servicer maps its errors to st
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from zerobubble.common.errors import InvalidInput, Overloaded, TooLarge, Unavailable
+from zerobubble.common.errors import InvalidInput, Overloaded, ServiceError, TooLarge, Unavailable
 from zerobubble.teacher.config import TeacherLimits
+from zerobubble.teacher.metrics import TeacherMetrics
 
 
 class TokenizerMismatch(Unavailable):
@@ -39,14 +41,19 @@ class Description:
 
 
 class TeacherCore:
-    def __init__(self, scorer: Scorer, limits: TeacherLimits):
+    def __init__(self, scorer: Scorer, limits: TeacherLimits, metrics: TeacherMetrics):
         self.scorer = scorer
         self.limits = limits
+        self.metrics = metrics
         self.max_sequence_tokens = limits.max_sequence_tokens or scorer.max_positions or limits.max_tokens_per_request
         self._model = threading.Lock()
         self._waiting = 0
         self._count = threading.Lock()
-        self.tokens_scored = 0
+
+    @property
+    def waiting(self) -> int:
+        """Requests on the model or queued for it."""
+        return self._waiting
 
     def describe(self) -> Description:
         return Description(self.scorer.path, self.scorer.fingerprint, self.scorer.tokenizer_name,
@@ -93,8 +100,24 @@ class TeacherCore:
                                    field=f"{where}.token_ids")
 
     def logprobs(self, sequences: list[tuple[np.ndarray, int]], fingerprint: str) -> list[np.ndarray]:
-        self.check_tokenizer(fingerprint)
-        self.check(sequences)
+        started = time.monotonic()
+        try:
+            self.check_tokenizer(fingerprint)
+            self.check(sequences)
+            out = self._scored(sequences)
+        except Overloaded:
+            self.metrics.requests.labels("overloaded").inc()
+            raise
+        except ServiceError:
+            self.metrics.requests.labels("refused").inc()
+            raise
+        self.metrics.requests.labels("scored").inc()
+        self.metrics.tokens.inc(sum(len(ids) - start for ids, start in sequences))
+        self.metrics.seconds.observe(time.monotonic() - started)
+        return out
+
+    def _scored(self, sequences: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
+        """The model's answer, one request on it at a time; Overloaded when too many already wait."""
         with self._count:
             if self._waiting > self.limits.max_waiting_requests:
                 raise Overloaded(f"{self._waiting} requests wait for the model (limits.max_waiting_requests); "
@@ -105,7 +128,6 @@ class TeacherCore:
                 out = []
                 for batch in self._batches(sequences):
                     out += self.scorer.logprobs(batch)
-                self.tokens_scored += sum(len(ids) - start for ids, start in sequences)
                 return out
         finally:
             with self._count:

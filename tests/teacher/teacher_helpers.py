@@ -1,4 +1,5 @@
-"""A real teacher service on loopback over the tiny model, and a student tokenizer that names ids otherwise."""
+"""A real teacher service on loopback over the tiny model, the same model with its answers altered, and a student
+tokenizer that names ids otherwise."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from zerobubble.common.clients.teacher import TeacherClient
 from zerobubble.common.config import ClientConfig, load_config
 from zerobubble.common.tokenizer_fingerprint import tokenizer_fingerprint, tokenizer_name
 from zerobubble.teacher.app import build
-from zerobubble.teacher.config import TeacherServiceConfig
+from zerobubble.teacher.config import TeacherModelConfig, TeacherServiceConfig
+from zerobubble.teacher.model import TeacherModel
 
 TOKEN = "teacher-test-token"
 
@@ -45,3 +47,17 @@ def call(address: str, method: str, request, token: str | None = TOKEN, timeout:
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
         return getattr(teacher_pb2_grpc.TeacherServiceStub(channel), method)(request, timeout=timeout,
                                                                               metadata=metadata)
+
+
+class Altered:
+    """The real tiny model, its answers changed by `alter` after the forward pass."""
+
+    def __init__(self, path, alter):
+        self.model = TeacherModel(TeacherModelConfig(path=path))
+        self.alter = alter
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def logprobs(self, sequences):
+        return self.alter(self.model.logprobs(sequences))

@@ -6,28 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from teacher_helpers import start_teacher, student_client
+from teacher_helpers import Altered, start_teacher, student_client
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerobubble.common.clients.teacher import BadTeacherAnswer
-from zerobubble.teacher.config import TeacherModelConfig
-from zerobubble.teacher.model import TeacherModel
 
 ASKED = [(np.arange(10, 20, dtype=np.int32), 4), (np.arange(30, 36, dtype=np.int32), 2)]
-
-
-class Altered:
-    """The real tiny model, its answers changed by `alter` after the forward pass."""
-
-    def __init__(self, path, alter):
-        self.model = TeacherModel(TeacherModelConfig(path=path))
-        self.alter = alter
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def logprobs(self, sequences):
-        return self.alter(self.model.logprobs(sequences))
 
 
 def refusal(model_dir, scorer=None) -> str:
