@@ -1,4 +1,4 @@
-"""Zerobubble: reinforcement-learning fine-tuning on verifiable rewards as four gRPC services.
+"""Zerobubble: reinforcement-learning fine-tuning on verifiable rewards as independent gRPC services.
 
 `zerobubble.launch(...)` starts and follows a run from Python (services/tooling/api.py); the `zerobubble` command
 does the same from a shell."""

@@ -17,6 +17,8 @@ atexit.register(shutil.rmtree, HF_HOME, ignore_errors=True)
 os.environ["HF_HOME"] = HF_HOME
 for _variable in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"):
     os.environ.pop(_variable, None)
+# Nor zerobubble's own: the config keys `up` and `serve` keep to refuse a mistyped key early.
+os.environ["ZEROBUBBLE_CACHE"] = os.path.join(HF_HOME, "zerobubble")
 
 # The lanes, by where a test lives: `make test-fast` leaves out every test marked e2e, bench, fuzz or slow.
 # The peers' own servers and clients (MCP, OpenEnv, the openai client) start slowly: `make test` runs them.

@@ -5,7 +5,6 @@ Every default lives in the schema classes; YAML files in configs/ only say what 
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import os
 import re
@@ -14,17 +13,14 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from zerobubble.common.config_tree import ConfigError, invalid_config, read_tree, unknown_key_message
 
 # The variable `zerobubble up` hands its per-run token to its services in; also a name for deployments to use.
 TOKEN_ENV = "ZEROBUBBLE_AUTH_TOKEN"
 # gRPC metadata values are printable ASCII; a space would also split the "Bearer <token>" header.
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the offending field."""
 
 
 class Schema(BaseModel):
@@ -211,25 +207,6 @@ class ClientConfig(BearerToken):
 S = TypeVar("S", bound=BaseModel)
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = tree
-    for key in keys[:-1]:
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
-        node = child
-    node[keys[-1]] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """'a.b=value' -> ('a.b', value), the value read as YAML so numbers, lists and null work."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. server.listen=0.0.0.0:50051")
-    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
-
-
 def nested_model(annotation: Any) -> tuple[type[BaseModel] | None, str]:
     """The schema a field's values are checked against, and how it nests: "section" (the model itself, or the model
     or null), "list" (a list of entries) or "dict" (entries by name); (None, "") for a plain value."""
@@ -247,46 +224,24 @@ def nested_model(annotation: Any) -> tuple[type[BaseModel] | None, str]:
     return None, ""
 
 
-def _leaf_keys(schema: Any, prefix: str = "") -> list[str]:
-    """Every key a user can write in `schema`, sections expanded; a list or dict of entries is one key (its entries'
-    keys are the entries' own)."""
-    keys = []
-    for name, field in getattr(schema, "model_fields", {}).items():
+def key_tree(schema: type[BaseModel]) -> dict[str, Any]:
+    """The schema's keys as plain data (see config_tree), nested schemas expanded."""
+    fields = {}
+    for name, field in schema.model_fields.items():
         model, nesting = nested_model(field.annotation)
-        inner = _leaf_keys(model, f"{prefix}{name}.") if nesting == "section" else []
-        keys += inner or [f"{prefix}{name}"]
-    return keys
+        fields[name] = {"nest": nesting, "model": key_tree(model) if model is not None else None,
+                        "choices": _choices(field.annotation)}
+    return {"closed": schema.model_config.get("extra") == "forbid", "fields": fields}
 
 
-def _holder(schema: type[BaseModel], loc: tuple) -> tuple[type[BaseModel], int] | None:
-    """The entry of a list or dict that the key at `loc` sits in: its schema and where its own keys start in `loc`;
-    None when the key sits in sections only."""
-    node, holder = schema, None
-    position = 0
-    while position < len(loc) - 1:
-        field = getattr(node, "model_fields", {}).get(loc[position])
-        model, nesting = nested_model(field.annotation) if field is not None else (None, "")
-        if model is None:
-            return holder
-        position += 2 if nesting in ("list", "dict") else 1
-        if nesting in ("list", "dict"):
-            holder = (model, position)
-        node = model
-    return holder
-
-
-def _suggestion(schema: type[BaseModel], loc: tuple, prefix: str) -> str | None:
-    """The closest key to the unknown one at `loc`: among its entry's own keys when it sits in a list or dict entry
-    (named as the entry writes it), else among every key of the schema, across sections."""
-    holder = _holder(schema, loc)
-    if holder is not None:
-        entry, start = holder
-        candidates, typed = _leaf_keys(entry), ".".join(str(part) for part in loc[start:])
-    else:
-        candidates = [prefix + key for key in _leaf_keys(schema)]
-        typed = prefix + ".".join(str(part) for part in loc)
-    close = difflib.get_close_matches(typed, candidates, n=1)
-    return close[0] if close else None
+def _choices(annotation: Any) -> list[str] | None:
+    """The strings a Literal field (or an optional one) accepts; None for any other field."""
+    args = [arg for arg in typing.get_args(annotation) if arg is not type(None)] \
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType) else [annotation]
+    if len(args) == 1 and typing.get_origin(args[0]) is typing.Literal:
+        values = typing.get_args(args[0])
+        return list(values) if all(isinstance(value, str) for value in values) else None
+    return None
 
 
 def describe_errors(error: ValidationError, schema: type[BaseModel], prefix: str = "") -> list[str]:
@@ -297,8 +252,7 @@ def describe_errors(error: ValidationError, schema: type[BaseModel], prefix: str
         field = prefix + ".".join(str(part) for part in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            close = _suggestion(schema, item["loc"], prefix)
-            message = "unknown key" + (f"; did you mean {close}?" if close else "")
+            message = unknown_key_message(key_tree(schema), item["loc"], prefix)
         lines.append(f"  {field}: {message}" if field else message if message.startswith("  ") else f"  {message}")
     return lines
 
@@ -309,25 +263,8 @@ def load_config(
     overrides: list[str] | dict[str, Any] | None = None,
 ) -> S:
     """Build a validated config: schema defaults, then the YAML file, then dotted overrides."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: the top level must be a mapping")
-        tree = loaded or {}
-    items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides or [])
-    for key, value in items:
-        _set_path(tree, key, value)
+    tree = read_tree(path, overrides)
     try:
         return schema.model_validate(tree)
     except ValidationError as exc:
-        # A mistake in an override is not the file's: name both sources when both are there.
-        source = (f" in {path} with its overrides" if overrides else f" in {path}") if path else ""
-        lines = "\n".join(describe_errors(exc, schema))
-        raise ConfigError(f"invalid {schema.__name__} configuration{source}:\n{lines}") from None
+        raise invalid_config(schema.__name__, path, overrides, describe_errors(exc, schema)) from None

@@ -34,8 +34,8 @@ from zerobubble.common.data_spec import (
     TEST_CASES_KEYS,
     Columns,
     DataSpec,
-    missing_path,
 )
+from zerobubble.common.local_paths import missing_path
 from zerobubble.v1 import common_pb2
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,6 @@ reading itself (common/data.py), so that checking a config loads neither numpy n
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +15,8 @@ PROMPT_KEYS = ("messages", "prompt", "context_messages", "problem")
 ANSWER_KEYS = ("gt_answer", "reward_model.ground_truth", "answer", "solution")
 TEST_CASES_KEYS = ("test_cases",)
 DATA_SOURCE_KEYS = ("data_source", "datasource")
-# namespace/name without a file suffix: what a hub id looks like, as opposed to a mistyped local path.
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
-
-def missing_path(path: Path, field: str) -> str | None:
-    """What is wrong with a data path that does not exist (None if it does): checked before the readers load."""
-    if path.exists():
-        return None
-    hint = ""
-    if HUB_ID.fullmatch(str(path)) and not path.suffix:
-        hint = (f"; {str(path)!r} looks like a Hugging Face hub id, and data sets from the hub need network: "
-                f"download it first (huggingface-cli download --repo-type dataset {path} --local-dir DIR) and "
-                "give the folder")
-    return f"{field}.path: {path}: cannot read: no such file or folder{hint}"
 
 class Columns(Schema):
     """Where a row's fields are. Unset keys are recognised by their names; nested fields are named with dots."""

@@ -8,11 +8,10 @@ import json
 import logging
 import os
 import sys
-from importlib.metadata import version
 from pathlib import Path
 from typing import NoReturn
 
-from zerobubble.common.config import ConfigError, load_config
+from zerobubble.common.config_tree import ConfigError
 from zerobubble.common.logs import setup_logging
 from zerobubble.tooling.launcher.ready import announce
 from zerobubble.tooling.launcher.tether import follow_launcher
@@ -29,6 +28,16 @@ def _service_module(name: str):
         raise
 
 
+class _Version(argparse.Action):
+    """argparse's own, but reading the installed version only when asked (importlib.metadata is slow to import)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import version
+
+        print(f"{parser.prog} {version('zerobubble')}")
+        parser.exit()
+
+
 def _overrides(args) -> list[str]:
     sets = list(args.set or [])
     if args.listen:
@@ -38,16 +47,30 @@ def _overrides(args) -> list[str]:
     return sets
 
 
+def _schema_name(name: str) -> str:
+    return f"{name.capitalize()}ServiceConfig"
+
+
 def _service_schema(name: str):
     """The service's config schema, from its config module alone: checking a config imports no torch."""
-    return getattr(importlib.import_module(f"zerobubble.{name}.config"), f"{name.capitalize()}ServiceConfig")
+    return getattr(importlib.import_module(f"zerobubble.{name}.config"), _schema_name(name))
 
 
 def cmd_serve(args) -> NoReturn:
+    from zerobubble.tooling.launcher.early_refusal import refuse_missing_paths, refuse_mistyped, remember_keys
+
+    # The config, the model folder and the data are checked before the service's code (torch, for most) loads;
+    # what is certainly wrong, before even its schema is built.
+    refuse_mistyped(args.service, _schema_name(args.service), args.config, _overrides(args))
+    refuse_missing_paths(args.service, args.config, _overrides(args))
+    from zerobubble.common.config import key_tree, load_config
     from zerobubble.tooling.launcher.preflight import check_service
 
-    # The config, the model folder and the data are checked before the service's code (torch, for most) loads.
-    config = load_config(_service_schema(args.service), args.config, _overrides(args))
+    schema = _service_schema(args.service)
+    try:
+        config = load_config(schema, args.config, _overrides(args))
+    finally:
+        remember_keys(args.service, key_tree(schema))
     check_service(args.service, config)
     module = _service_module(args.service)
     follow_launcher(config.server.grace_seconds)
@@ -161,7 +184,7 @@ def _chosen(argv: list[str]) -> tuple[str | None, str | None]:
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     command, bench_name = _chosen(argv)
     parser = argparse.ArgumentParser(prog="zerobubble", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('zerobubble')}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
 

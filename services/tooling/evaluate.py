@@ -88,8 +88,8 @@ def print_transcripts(samples: Path, count: int) -> None:
 
 
 def cmd_eval(args) -> int:
+    from zerobubble.common.local_paths import check_model
     from zerobubble.tooling.launcher.final_eval import evaluate_weights
-    from zerobubble.tooling.launcher.preflight import check_model
 
     try:
         check_model(args.model)

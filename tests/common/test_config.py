@@ -59,9 +59,11 @@ def test_shipped_config_files_validate():
     from pathlib import Path
 
     from zerobubble.buffer.config import BufferServiceConfig
+    from zerobubble.common.config import key_tree
+    from zerobubble.common.config_tree import key_errors, read_tree
     from zerobubble.environment.config import EnvironmentServiceConfig
     from zerobubble.rollout.config import RolloutServiceConfig
-    from zerobubble.tooling.launcher.config import UpConfig
+    from zerobubble.tooling.launcher.config import UpConfig, up_key_tree
     from zerobubble.trainer.config import TrainerServiceConfig
 
     root = Path(__file__).resolve().parents[2]
@@ -75,6 +77,8 @@ def test_shipped_config_files_validate():
         schema = schemas.get(path.stem.split("-")[0], UpConfig if path.parent == configs.DIRECTORY else None)
         assert schema is not None, f"{path.name}: name it after its service"
         load_config(schema, path)
+        # Nor refused by the check that runs before the schemas are built.
+        assert key_errors(up_key_tree() if schema is UpConfig else key_tree(schema), read_tree(path)) == [], path
 
 
 def test_a_typo_in_a_list_or_named_entry_gets_the_closest_of_the_entrys_own_keys():

@@ -4,18 +4,26 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from zerobubble.common.config import ConfigError, load_config, parse_override
+from zerobubble.common.config_tree import ConfigError, parse_override
 from zerobubble.tooling.configs import DEMO, GENERAL, named, shipped_names
-from zerobubble.tooling.launcher.config import UpConfig
+from zerobubble.tooling.launcher.early_refusal import refuse_missing_paths, refuse_mistyped, remember_keys
 from zerobubble.tooling.launcher.reference_flags import add_reference_flags, reference_flags, reference_overrides
-from zerobubble.tooling.launcher.run_folder import check_fresh, check_resume, nothing_left, saved_config
+
+if TYPE_CHECKING:
+    from zerobubble.tooling.launcher.config import UpConfig
+
+# The schemas (pydantic, and every service's) are imported once the early refusal has passed: building them takes
+# longer than refusing a mistyped key needs.
 
 
 def base_config(args, overrides: dict) -> Path:
     """The file a run starts from: the run's own on --resume, --config (a file or a shipped config's name), the
     demo when nothing of the user's is given, and the general default for a user's own model or data."""
     if args.resume is not None:
+        from zerobubble.tooling.launcher.run_folder import saved_config
+
         return saved_config(args.resume)
     if args.config is not None:
         path = named(args.config)
@@ -26,12 +34,25 @@ def base_config(args, overrides: dict) -> Path:
     return GENERAL if "model" in overrides or "train_data" in overrides else DEMO
 
 
-def up_config(args) -> UpConfig:
-    """The base config, then rl_example.py flags, then --set."""
+def up_sources(args) -> tuple[Path, dict]:
+    """The base config, and the rl_example.py flags and --set on top of it."""
     overrides = reference_overrides(args)
     overrides.update(parse_override(item) for item in args.set or [])
-    base = base_config(args, overrides)
-    config = load_config(UpConfig, base, overrides)
+    return base_config(args, overrides), overrides
+
+
+def up_config(args) -> UpConfig:
+    """The base config, then rl_example.py flags, then --set."""
+    base, overrides = up_sources(args)
+    refuse_mistyped("up", "UpConfig", base, overrides)
+    from zerobubble.common.config import load_config
+    from zerobubble.tooling.launcher.config import UpConfig, up_key_tree
+    from zerobubble.tooling.launcher.run_folder import check_resume
+
+    try:
+        config = load_config(UpConfig, base, overrides)
+    finally:
+        remember_keys("up", up_key_tree())
     if args.resume is not None:
         # Refused when the overrides change what the run's checkpoints hold.
         check_resume(config, load_config(UpConfig, base))
@@ -39,9 +60,11 @@ def up_config(args) -> UpConfig:
 
 
 def cmd_up(args) -> int:
-    from zerobubble.tooling.launcher.preflight import preflight
-
+    refuse_missing_paths("up", *up_sources(args))
     config = up_config(args)
+    from zerobubble.tooling.launcher.preflight import preflight
+    from zerobubble.tooling.launcher.run_folder import check_fresh, nothing_left
+
     resume = args.resume is not None
     if not resume:
         check_fresh(config, overwrite=args.overwrite)

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from zerobubble.common.config import ConfigError, Schema, describe_errors, load_config
+from zerobubble.common.config import ConfigError, Schema, describe_errors, key_tree, load_config
 from zerobubble.common.run_spec import RunSpec
 from zerobubble.tooling.tiny.shapes import SIZES
 
@@ -218,6 +218,14 @@ def _service_schemas() -> dict[str, tuple[type, dict[str, Any]]]:
             "trainer": (TrainerServiceConfig, trainer), "rollout": (RolloutServiceConfig, {"model": {"path": made}}),
             "environment": (EnvironmentServiceConfig, {}),
             "teacher": (TeacherServiceConfig, {"model": {"path": made}})}
+
+
+def up_key_tree() -> dict[str, Any]:
+    """UpConfig's keys as plain data (config_tree), each service's section as that service's schema checks it."""
+    keys = key_tree(UpConfig)
+    for name, (schema, _) in _service_schemas().items():
+        keys["fields"][name] = {"nest": "section", "model": key_tree(schema), "choices": None, "scoped": True}
+    return keys
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

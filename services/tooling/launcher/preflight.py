@@ -5,11 +5,11 @@ run would write it. Each failure is a ConfigError naming the field.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from zerobubble.common.config import ConfigError
-from zerobubble.common.data_spec import HUB_ID, DataSpec, missing_path
+from zerobubble.common.data_spec import DataSpec
+from zerobubble.common.local_paths import check_model, looks_like_hub_id, missing_path
 from zerobubble.tooling.launcher.assets import RunAssets
 from zerobubble.tooling.launcher.config import UpConfig, validated
 from zerobubble.tooling.launcher.effective import Setting, derived_settings
@@ -36,24 +36,6 @@ def preflight(config: UpConfig, *, environments: bool = False) -> list[Setting]:
     return derived_settings(trees.get("trainer", {}), trees.get("buffer", {}).get("run_spec", {}))
 
 
-def check_model(model: Path, field: str = "model") -> None:
-    if not model.exists():
-        if looks_like_hub_id(model):
-            raise ConfigError(f"{field}: {model}: {str(model)!r} looks like a Hugging Face hub id, and models from the "
-                              f"hub need network: download it first (huggingface-cli download {model} --local-dir "
-                              "DIR) and give the folder")
-        shown = model if model.is_absolute() or model.parts[0] == ".." else f"./{model}"
-        raise ConfigError(f"{field}: no such folder {shown} ({field})")
-    if not model.is_dir():
-        raise ConfigError(f"{field}: {model} is a file; expected a Hugging Face model folder (with config.json)")
-    try:
-        json.loads((model / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{field}: {model} has no config.json: not a Hugging Face model folder") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{field}: {model}/config.json cannot be read: {exc}") from None
-
-
 def check_service(service: str, config) -> None:
     """What `zerobubble serve` checks before the service's code loads: the model folder it starts from (a hub id is
     left to the loader, which may find it in the local cache) and the prompts it serves."""
@@ -66,11 +48,6 @@ def check_service(service: str, config) -> None:
             check_model(path, field)
     if service == "buffer":
         inspect(config.prompts, field="prompts", default_split="train")
-
-
-def looks_like_hub_id(model: Path) -> bool:
-    """owner/name, where no folder `owner` is here: a mistyped path under an existing folder is a path."""
-    return bool(HUB_ID.fullmatch(str(model))) and not Path(model.parts[0]).exists()
 
 
 def check_verifiers(config: UpConfig) -> None:
