@@ -1,6 +1,6 @@
 """Reference pages made at build time from the code itself, so they never drift from it: the configuration from
 the pydantic schemas, the CLI from its argparse parsers, the RPCs from protos/, the HTTP routes from the reward
-service's router."""
+service's router and the Tinker front's app."""
 
 from __future__ import annotations
 
@@ -33,9 +33,12 @@ def configuration() -> str:
              "Every setting, its default and its meaning, read from the schemas when these pages are built "
              "(`zerobubble config SERVICE` prints the same). A run of `zerobubble up` is configured by its own "
              "file (below, first); `zerobubble serve SERVICE --config FILE` reads the service's.", ""]
+    from zerobubble.tooling.tinker.config import TinkerServerConfig
+
     schemas = [("zerobubble up", UpConfig)]
     for name in SERVICES:
         schemas.append((f"{name} service", importlib.import_module(f"zerobubble.{name}.app").CONFIG_SCHEMA))
+    schemas.append(("Tinker API front (python -m zerobubble.tooling.tinker)", TinkerServerConfig))
     for title, schema in schemas:
         rows = [(f"`{name}`", f"`{default}`", doc) for name, default, doc in describe(schema)]
         parts += [f"## {title}", "", _table(("key", "default", "meaning"), rows), ""]
@@ -90,6 +93,7 @@ def rpcs() -> str:
 
 
 _ROUTE = re.compile(r'add_(get|post)\("([^"]+)"')
+_TINKER_ROUTE = re.compile(r'@app\.(get|post)\(f"\{API\}([^"]+)"\)')
 
 
 def http() -> str:
@@ -101,7 +105,17 @@ def http() -> str:
                       "The routes its HTTP server registers (`services/reward/http_server.py`):", "",
                       _table(("method", "path"), rows), "",
                       "Their JSON contracts, as `services/reward/http_contracts.py` states them:", "",
-                      http_contracts.__doc__ or "", ""])
+                      http_contracts.__doc__ or "", "", *tinker_routes()])
+
+
+def tinker_routes() -> list[str]:
+    source = (ROOT / "services" / "tooling" / "tinker" / "app.py").read_text()
+    api = re.search(r'^API = "([^"]+)"', source, flags=re.MULTILINE).group(1)
+    rows = [(method.upper(), f"`{api}{path}`") for method, path in _TINKER_ROUTE.findall(source)]
+    return ["## The Tinker API front", "",
+            "The routes `services/tooling/tinker/app.py` serves, as the official `tinker` client calls them "
+            "([the guide](../guides/tinker.md) says what each does and what of the API is not served); any other "
+            f"path under `{api}/` answers 404 naming it:", "", _table(("method", "path"), rows), ""]
 
 
 PROTOCOL_MARKER = "<!-- sync-protocol-table -->"
