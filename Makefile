@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PROTOS := $(wildcard protos/zerobubble/v1/*.proto)
 
-.PHONY: install test test-fast lint docs demo protos clean compose-tool sandbox-tool slurm-tool browser-tool \
+.PHONY: install test test-fast test-suites lint docs demo protos clean compose-tool sandbox-tool slurm-tool browser-tool \
 	front-tool
 
 # pyproject.toml gives ranges; constraints.txt the exact versions the tests run on.
@@ -21,7 +21,7 @@ lint: install
 
 # The compose test's engine and image builds (minutes of downloads on a fresh machine) go on beside pytest.
 test: lint docs compose-tool slurm-tool front-tool
-	tests/compose/alongside.sh $(PY) $(VENV)/bin/pytest
+	tests/compose/alongside.sh $(PY) $(MAKE) --no-print-directory test-suites
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-colossalai
 	$(MAKE) --no-print-directory test-trl
@@ -36,8 +36,15 @@ docs: install
 # The lane for your own loop (about 3 minutes on 2 cores): units and single-service tests, spread over 4 workers
 # since most of them wait on sockets and processes; whole runs, benches, the fuzz soak and slow tests are left to
 # `make test` (the markers are set by folder in tests/conftest.py).
+FAST_LANE = not slow and not e2e and not bench and not fuzz
 test-fast: lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider -n 4 --durations=10 -m "not slow and not e2e and not bench and not fuzz"
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 4 --durations=10 -m "$(FAST_LANE)"
+
+# Every test of the main environment: the fast lane spread over workers as above, then the whole runs, benches,
+# fuzz soaks and slow tests one at a time, since they measure learning and limits against the CPU they are given.
+test-suites: install
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 4 --durations=10 -m "$(FAST_LANE)"
+	$(VENV)/bin/pytest -m "not ($(FAST_LANE))"
 
 # The tiny CPU demo: every service its own process on loopback, a live progress line, a run folder in runs/demo.
 demo: install
