@@ -8,6 +8,7 @@ trainer waiting for data is in; the fuzzed buffer gets no trainer, so pulls take
 
 from __future__ import annotations
 
+import functools
 import json
 import resource
 import select
@@ -22,14 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import yaml
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerobubble.buffer.prompts import PromptSource
+from zerobubble.common.codec import encode_array
+from zerobubble.common.tokenizer_fingerprint import tokenizer_fingerprint
 from zerobubble.tooling.ports import free_port
-from zerobubble.v1 import buffer_pb2, common_pb2, environment_pb2, reward_pb2, rollout_pb2, trainer_pb2
+from zerobubble.v1 import buffer_pb2, common_pb2, environment_pb2, reward_pb2, rollout_pb2, teacher_pb2, trainer_pb2
 
 # Where the rollout worker looks for its buffer and reward service: port 1 refuses every connection.
 NOWHERE = "127.0.0.1:1"
@@ -145,6 +149,9 @@ class Deployment:
             "buffer": {**buffer, "wal": {**buffer["wal"], "directory": str(directory / "buffer-wal")}},
             "buffer-quiet": {**buffer, "wal": {**buffer["wal"], "directory": str(directory / "quiet-wal")}},
             # The built-ins, in both call formats; the python tool's programs go to the sandbox.
+            # Small request bounds: a generated request within them is a forward pass of milliseconds.
+            "teacher": {"server": SERVER, "model": {"path": str(model)},
+                        "limits": {"max_sequences": 8, "max_tokens_per_request": 512, "batch_tokens": 512}},
             "environment": {"server": SERVER, "environments": [
                 {"name": "calculator", "builtin": "calculator", "final_answer": "exact"},
                 {"name": "calc_compact", "builtin": "calculator", "tool_format": "compact"},
@@ -173,6 +180,7 @@ class Deployment:
         }
         self.processes["trainer"] = ServiceProcess("trainer", configs["trainer"], directory).launch()
         self.prompts = prompts
+        self.model = model
         self._channels: dict[str, tuple[str, grpc.Channel]] = {}
         for process in self.processes.values():
             if not process.address:
@@ -310,12 +318,40 @@ def _step_seeds(deployment: Deployment) -> list[Message]:
             for name, text in turns]
 
 
+@functools.cache
+def _fingerprint_of(model: Path) -> str:
+    from transformers import AutoTokenizer
+
+    return tokenizer_fingerprint(AutoTokenizer.from_pretrained(model))
+
+
+def _fingerprint(deployment: Deployment) -> str:
+    """The served model's tokenizer fingerprint, which the teacher asks of every caller."""
+    return _fingerprint_of(deployment.model)
+
+
+def _connect(deployment: Deployment) -> teacher_pb2.ConnectRequest:
+    return teacher_pb2.ConnectRequest(tokenizer_fingerprint=_fingerprint(deployment), tokenizer_name="fuzz")
+
+
+def _logprobs_seeds(deployment: Deployment) -> list[Message]:
+    def sequence(length: int, start: int) -> teacher_pb2.TokenSequence:
+        return teacher_pb2.TokenSequence(token_ids=encode_array(np.arange(3, 3 + length, dtype=np.int32)),
+                                         score_from=start)
+
+    fingerprint = _fingerprint(deployment)
+    return [teacher_pb2.LogprobsRequest(tokenizer_fingerprint=fingerprint, sequences=[sequence(12, 5)]),
+            teacher_pb2.LogprobsRequest(tokenizer_fingerprint=fingerprint,
+                                        sequences=[sequence(4, 1), sequence(30, 20), sequence(2, 1)])]
+
+
 def _rpc_table() -> list[Rpc]:
     reward = reward_pb2.DESCRIPTOR.services_by_name["RewardService"].methods_by_name
     buffer = buffer_pb2.DESCRIPTOR.services_by_name["BufferService"].methods_by_name
     rollout = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].methods_by_name
     trainer = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].methods_by_name
     environment = environment_pb2.DESCRIPTOR.services_by_name["EnvironmentService"].methods_by_name
+    teacher = teacher_pb2.DESCRIPTOR.services_by_name["TeacherService"].methods_by_name
     generate = [
         rollout_pb2.GenerateRequest(prompts=[_chat("What is 1 + 1?")],
                                     sampling=rollout_pb2.SamplingParams(n=2, max_new_tokens=4, temperature=1.0)),
@@ -355,11 +391,13 @@ def _rpc_table() -> list[Rpc]:
         Rpc("environment", environment["StepEpisode"], _step_seeds),
         Rpc("environment", environment["CloseEpisode"],
             lambda d: [environment_pb2.CloseEpisodeRequest(episode_id=_open_episode(d, "calculator"))]),
+        Rpc("teacher", teacher["Connect"], lambda d: [_connect(d)]),
+        Rpc("teacher", teacher["Logprobs"], _logprobs_seeds),
     ]
 
 
 RPCS = _rpc_table()
-SERVICES = ("reward", "buffer", "rollout", "trainer", "environment")
+SERVICES = ("reward", "buffer", "rollout", "trainer", "environment", "teacher")
 
 
 def health(deployment: Deployment, service: str, timeout: float = 5.0) -> bool:
@@ -388,6 +426,8 @@ def valid_call(deployment: Deployment, service: str, timeout: float = 30.0) -> s
         "environment": ("/zerobubble.v1.EnvironmentService/OpenEpisode",
                         environment_pb2.OpenEpisodeRequest(environment="calculator", row_json=ENVIRONMENT_ROW),
                         environment_pb2.OpenEpisodeReply, lambda reply: bool(reply.episode_id)),
+        "teacher": ("/zerobubble.v1.TeacherService/Connect", _connect(deployment), teacher_pb2.ConnectReply,
+                    lambda reply: reply.vocab_size > 0),
     }
     path, request, reply_type, good = calls[service]
     started = time.monotonic()
