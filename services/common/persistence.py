@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 import grpc
@@ -25,9 +25,9 @@ class Stopped(Exception):
 
 
 def until_done(call: Callable[[], T], *, what: str, stop: threading.Event, max_backoff: float,
-               give_up_seconds: float) -> T:
-    """Retry `call` with capped exponential backoff while the peer is unavailable, for at most `give_up_seconds`
-    (then its last error is raised); raise Stopped on stop."""
+               give_up_seconds: float, transient: Collection[grpc.StatusCode] = TRANSIENT) -> T:
+    """Retry `call` with capped exponential backoff while the peer is unavailable (its error's status is one of
+    `transient`), for at most `give_up_seconds` (then its last error is raised); raise Stopped on stop."""
     backoff = 0.1
     give_up = time.monotonic() + give_up_seconds
     while True:
@@ -36,7 +36,7 @@ def until_done(call: Callable[[], T], *, what: str, stop: threading.Event, max_b
         try:
             return call()
         except grpc.RpcError as exc:
-            if exc.code() not in TRANSIENT or time.monotonic() >= give_up:
+            if exc.code() not in transient or time.monotonic() >= give_up:
                 raise
             log.warning("%s: %s (%s); retrying in %.1f s", what, exc.code().name, exc.details(), backoff)
         if stop.wait(backoff * random.uniform(0.75, 1.25)):

@@ -1,6 +1,7 @@
 """Typed client of the environment service, for rollout workers and tools. Listing and closing are retried while
 the service is unavailable (doing them twice changes nothing); opening and stepping are not: a retried open could
-leave an episode nobody holds, and a retried step would step the environment twice."""
+leave an episode nobody holds, and a retried step would step the environment twice. The episode driver retries an
+open only where the service answered that it opened nothing (rollout/episodes/remote.py)."""
 
 from __future__ import annotations
 

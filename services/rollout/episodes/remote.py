@@ -15,6 +15,10 @@ from zerobubble.common.persistence import TRANSIENT, until_done
 from zerobubble.rollout.episodes.sessions import RESET_FAILED, UNAVAILABLE, Opening, StepOutcome
 
 log = logging.getLogger(__name__)
+# The statuses of an OpenEpisode that opened nothing: the service was away (its episodes are gone with it), or it
+# refused before opening (limits.max_episodes reached, or its environments' process could not start). After a
+# deadline the service may have opened the episode, or may still be opening it: a second call would open another.
+NOT_OPENED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 class RemoteSessions:
@@ -26,12 +30,14 @@ class RemoteSessions:
         self._told: set[tuple[str, str]] = set()   # what has been warned of once, by what failed and how
 
     def open(self, environment: str, row: dict) -> Opening:
-        """Retried while the service is away (a supervisor restarts it): an episode opened twice leaves one that
-        nobody steps, which the service expires."""
+        """Retried only while the service certainly opened nothing (NOT_OPENED): away (a supervisor restarts it) or
+        full. A call that passed its deadline is not retried: the service may have opened that episode, and one
+        opened twice holds a slot of limits.max_episodes, and a user's environment's process, until
+        limits.idle_timeout_s expires it. The episode ends `unavailable` instead."""
         try:
             reply = until_done(lambda: self.client.open_episode(environment, row), what="open an episode",
                                stop=self.stop, max_backoff=self.max_backoff,
-                               give_up_seconds=self.config.retry_seconds)
+                               give_up_seconds=self.config.retry_seconds, transient=NOT_OPENED)
         except grpc.RpcError as exc:
             # The environment's reset failed (or the service stayed away): this episode only, not the batch.
             self._warn_once(("open " + environment, exc.code().name), "an episode of %s could not be opened: %s (%s)",
