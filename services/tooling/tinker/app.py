@@ -104,6 +104,14 @@ def create_app(service: TinkerService) -> FastAPI:
     async def save_weights_for_sampler(request: Request) -> dict:
         return _future(service.save_for_sampler(schema.parse(schema.SaveForSampler, await request.body())))
 
+    @app.post(f"{API}/save_weights")
+    async def save_weights(request: Request) -> dict:
+        return _future(service.save_state(schema.parse(schema.SaveState, await request.body())))
+
+    @app.post(f"{API}/load_weights")
+    async def load_weights(request: Request) -> dict:
+        return _future(service.load_state(schema.parse(schema.LoadState, await request.body())))
+
     @app.post(f"{API}/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict:
         body = schema.parse(schema.CreateSamplingSession, await request.body())

@@ -8,6 +8,7 @@ Everything here runs on the front's one worker thread (futures.py)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +33,20 @@ MLP = ["gate_proj", "up_proj", "down_proj"]
 class TrainingModel:
     session_id: str
     adapter: str                          # peft's name of its adapter
-    rank: int
+    lora: LoraConfig
     parameters: list[torch.nn.Parameter]
     optimizer: torch.optim.AdamW | None = None
     steps: int = 0
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A training client's adapter and Adam state as save_state kept them (copies: later steps change nothing)."""
+
+    lora: LoraConfig
+    parameters: list[torch.Tensor]
+    optimizer: dict | None                # AdamW's state_dict; None before the first optim_step
+    steps: int
 
 
 class TrainingModels:
@@ -57,10 +68,13 @@ class TrainingModels:
         targets = (ATTENTION if lora.train_attn else []) + (MLP if lora.train_mlp else [])
         if not targets:
             raise invalid("lora_config", "train_attn or train_mlp must be set (the unembedding is not adapted)")
+        self.check_room()
+        return LoraConfig(rank=lora.rank, alpha=self._alpha, target_modules=targets)
+
+    def check_room(self) -> None:
         if len(self.models) >= self._max_models:
             raise Refused(403, "max_models", f"{len(self.models)} training clients are held, the most this server "
                           "holds; unload one first")
-        return LoraConfig(rank=lora.rank, alpha=self._alpha, target_modules=targets)
 
     def create(self, model_id: str, session_id: str, config: LoraConfig, seed: int | None) -> dict:
         adapter = f"client{self._created}"
@@ -74,7 +88,7 @@ class TrainingModels:
                 self.peft.add_adapter(adapter, peft_config(config))
         marker = f".{adapter}."
         parameters = [p for name, p in self.peft.named_parameters() if marker in name]
-        self.models[model_id] = TrainingModel(session_id, adapter, config.rank, parameters)
+        self.models[model_id] = TrainingModel(session_id, adapter, config, parameters)
         return {"model_id": model_id, "type": "create_model"}
 
     def get(self, model_id: str) -> TrainingModel:
@@ -165,6 +179,28 @@ class TrainingModels:
         model.optimizer.zero_grad(set_to_none=True)
         model.steps += 1
         return {"metrics": {"grad_norm:mean": norm, "step:max": float(model.steps)}}
+
+    def save_state(self, model_id: str) -> SavedState:
+        model = self.get(model_id)
+        optimizer = copy.deepcopy(model.optimizer.state_dict()) if model.optimizer is not None else None
+        return SavedState(model.lora, [p.detach().clone() for p in model.parameters], optimizer, model.steps)
+
+    def load_state(self, model_id: str, state: SavedState, with_optimizer: bool) -> None:
+        """The saved adapter into the client's own (the same LoRA settings), and its Adam state or a fresh one;
+        gradients not yet stepped are dropped."""
+        model = self.get(model_id)
+        if (model.lora.rank, model.lora.target_modules) != (state.lora.rank, state.lora.target_modules):
+            raise invalid("path", f"the checkpoint's adapter (rank {state.lora.rank}, {state.lora.target_modules}) "
+                          f"is not this client's (rank {model.lora.rank}, {model.lora.target_modules})")
+        with torch.no_grad():
+            for parameter, saved in zip(model.parameters, state.parameters, strict=True):
+                parameter.copy_(saved)
+                parameter.grad = None
+        model.optimizer = None
+        if with_optimizer and state.optimizer is not None:
+            model.optimizer = torch.optim.AdamW(model.parameters)
+            model.optimizer.load_state_dict(copy.deepcopy(state.optimizer))
+        model.steps = state.steps if with_optimizer else 0
 
     def adapter(self, model_id: str) -> list[tuple[str, torch.Tensor]]:
         """A copy of the client's adapter as the weight sync sends it (common/lora_adapter.py)."""

@@ -62,6 +62,20 @@ class SaveForSampler(Request):
     sampling_session_seq_id: int | None = Field(None, ge=0)
 
 
+class SaveState(Request):
+    model_id: str
+    path: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._\-]+$")
+
+
+class LoadState(Request):
+    path: str
+    optimizer: bool = False
+    model_id: str | None = None           # load into this client
+    session_id: str | None = None         # or make a new client of this session from the checkpoint
+    model_seq_id: int | None = Field(None, ge=0)
+    base_model: str | None = None
+
+
 class CreateSamplingSession(Request):
     session_id: str
     sampling_session_seq_id: int = Field(ge=0)

@@ -12,7 +12,7 @@ from zerobubble.tooling.tinker import schema
 from zerobubble.tooling.tinker.config import TinkerServerConfig
 from zerobubble.tooling.tinker.errors import invalid, unknown
 from zerobubble.tooling.tinker.futures import Futures
-from zerobubble.tooling.tinker.models import TrainingModels
+from zerobubble.tooling.tinker.models import SavedState, TrainingModels
 from zerobubble.tooling.tinker.sampler import Sampler, SamplerWeights
 from zerobubble.tooling.tinker.wire import ForwardBackwardCall, encode_sample
 
@@ -37,6 +37,7 @@ class TinkerService:
         self.futures = Futures(config.max_pending_per_session, config.max_finished)
         self.sessions: set[str] = set()
         self.checkpoints: OrderedDict[str, SamplerWeights] = OrderedDict()
+        self.states: OrderedDict[str, SavedState] = OrderedDict()
         self.sampling_sessions: dict[str, SamplingSession] = {}
 
     def capabilities(self) -> dict:
@@ -70,7 +71,7 @@ class TinkerService:
 
     def info(self, model_id: str) -> dict:
         model = self.models.get(model_id)
-        return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": model.rank,
+        return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": model.lora.rank,
                 "model_name": self.config.model_name,
                 "model_data": {"arch": type(self.models.base).__name__, "model_name": self.config.model_name,
                                "tokenizer_id": str(self.config.model_dir)}}
@@ -110,6 +111,46 @@ class TinkerService:
             return {"sampling_session_id": sampling_id, "type": "save_weights_for_sampler"}
 
         return self.futures.submit(model.session_id, save)
+
+    def save_state(self, request: schema.SaveState) -> str:
+        model = self.models.get(request.model_id)
+        path = f"{CHECKPOINT_PREFIX}{request.model_id}/weights/{request.path}"
+
+        def save() -> dict:
+            self.states.pop(path, None)
+            self.states[path] = self.models.save_state(request.model_id)
+            while len(self.states) > self.config.max_saved_states:
+                self.states.popitem(last=False)
+            return {"path": path, "type": "save_weights"}
+
+        return self.futures.submit(model.session_id, save)
+
+    def load_state(self, request: schema.LoadState) -> str:
+        """Into an existing client (model_id), or into a new one made from the checkpoint (session_id and
+        model_seq_id: create_training_client_from_state)."""
+        state = self.states.get(request.path)
+        if state is None:
+            raise unknown("path", request.path)
+        if request.model_id is not None:
+            model_id, session_id = request.model_id, self.models.get(request.model_id).session_id
+            create = None
+        elif request.session_id is not None and request.model_seq_id is not None:
+            session_id = self.session(request.session_id)
+            if request.base_model is not None:
+                self._base_model(request.base_model, "base_model")
+            model_id = f"{session_id}:train:{request.model_seq_id}"
+            self.models.check_room()
+            create = state.lora
+        else:
+            raise invalid("model_id", "give the model_id to load into, or a session_id and model_seq_id")
+
+        def load() -> dict:
+            if create is not None:
+                self.models.create(model_id, session_id, create, seed=None)
+            self.models.load_state(model_id, state, request.optimizer)
+            return {"path": request.path, "model_id": model_id, "type": "load_weights"}
+
+        return self.futures.submit(session_id, load)
 
     def create_sampling_session(self, request: schema.CreateSamplingSession) -> str:
         session_id = self.session(request.session_id)

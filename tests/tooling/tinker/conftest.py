@@ -37,7 +37,7 @@ def tinker_server(tmp_path_factory) -> Server:
     config = folder / "tinker.yaml"
     config.write_text(yaml.safe_dump({"listen": listen, "model_name": MODEL, "model_dir": str(model_dir),
                                       "auth": {"auth_token_env": "ZB_TINKER_TOKEN"}, "poll_wait_s": 5.0,
-                                      "max_pending_per_session": 16, "max_models": 6}))
+                                      "max_pending_per_session": 16, "max_models": 16}))
     log = (folder / "server.log").open("w")
     process = subprocess.Popen([sys.executable, "-m", "zerobubble.tooling.tinker", "--config", str(config)],
                                env={**os.environ, "ZB_TINKER_TOKEN": TOKEN}, stdout=log, stderr=subprocess.STDOUT)

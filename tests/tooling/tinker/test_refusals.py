@@ -90,7 +90,7 @@ def test_a_base_model_this_server_does_not_serve_is_refused_naming_the_field(ser
 
 
 def test_an_unserved_route_is_a_404_that_says_so(client):
-    _refused(lambda: client.save_state("checkpoint").result(DEADLINE), 404, "path")
+    _refused(lambda: client.save_weights_external("checkpoint").result(DEADLINE), 404, "path")
 
 
 def _post(server, path: str, **kwargs) -> httpx.Response:
