@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from teacher_helpers import TOKEN, student_client
 
 from zerobubble.common.config import TOKEN_ENV
@@ -28,6 +29,8 @@ def test_a_model_folder_that_is_not_there_is_refused_naming_the_field(tmp_path):
     assert "torch" not in err
 
 
+# A process importing torch and transformers: 6 to 12 s on 2 busy cores.
+@pytest.mark.slow
 def test_the_served_teacher_answers_behind_the_token_and_stops_on_sigterm(teacher_model):
     process = serve("--set", f"model.path={teacher_model}", "--set", f"server.auth_token_env={TOKEN_ENV}",
                     env={TOKEN_ENV: TOKEN})
