@@ -513,19 +513,32 @@ def test_the_next_run_of_a_slot_gets_its_whole_memory_bound(make_sandbox):
     assert int(stat["shmem"]) == 0
 
 
-LEAVE_BEHIND = """
+# The kernel's keyrings are not namespaced: a key in the uid's own keyring (KEY_SPEC_USER_KEYRING) outlives the run.
+KEYRING = """
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+ADD_KEY, REQUEST_KEY, KEYCTL = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}[platform.machine()]
+USER_KEYRING, KEYCTL_READ = ctypes.c_long(-4), 11
+"""
+LEAVE_BEHIND = KEYRING + """
 import os, time
 with open("/tmp/left.txt", "w") as f:
     f.write("left")
 os.mkdir("/tmp/folder")
+libc.syscall(ADD_KEY, b"user", b"zb-left", b"left", 4, USER_KEYRING)
 if os.fork() == 0:  # a process that would outlive the run, in a session of its own
     os.setsid()
     time.sleep(60)
     os._exit(0)
 print("left")
 """
-LOOK_AROUND = """
+LOOK_AROUND = KEYRING + """
 import os
+key = libc.syscall(REQUEST_KEY, b"user", b"zb-left", None, 0)
+found = ctypes.create_string_buffer(16)
+if key > 0 and libc.syscall(KEYCTL, KEYCTL_READ, ctypes.c_long(key), found, 16) > 0:
+    print(found.value.decode())
 print(sorted(os.listdir("/tmp")))
 mine = os.getuid()
 others = []

@@ -4,9 +4,9 @@ A run takes a slot: slot i runs as uid = gid = uid_base + i (so process limits a
 cgroup of its own (so the kernel bounds the memory of all the run's processes together, with what they
 keep in /tmp and in shared memory). bubblewrap builds the run's world: new mount, pid, network, IPC, UTS
 and cgroup namespaces, and a root holding only /usr read-only (the interpreter and its libraries), a fresh
-/proc and /dev, and a private /tmp with the program. sandbox_entry.py, started in there, applies the
-per-process limits and starts the program under the slot's uid. This side feeds stdin, collects output up
-to a cap, enforces the wall-clock limit and classifies the outcome.
+/proc and /dev, a private /tmp with the program, and a seccomp filter (seccomp.py). sandbox_entry.py, started
+in there, applies the per-process limits and starts the program under the slot's uid. This side feeds stdin,
+collects output up to a cap, enforces the wall-clock limit and classifies the outcome.
 
 With `warm_slots` (the default) a slot's bubblewrap sandbox and launcher interpreter stay up between runs
 (warm.py), and each run gets new mount, pid, IPC and cgroup namespaces, a fresh /tmp and /proc inside it.
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from zerobubble.common.sandbox.config import SandboxConfig
+from zerobubble.common.sandbox.seccomp import keyring_filter
 from zerobubble.common.sandbox.warm import WarmSlot, WarmSlotError
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ class CodeSandbox:
         self._lock = threading.Lock()
         self._kills = 0
         self._warm: list[WarmSlot | None] = [None] * config.slots  # started at a slot's first run
+        self._seccomp = keyring_filter()
         self.cgroups: SlotCgroups | None = None
         self.isolation = self._probe()
 
@@ -224,8 +226,8 @@ class CodeSandbox:
         started = time.monotonic()
         # bubblewrap reads the program and its own options from memory: the program never touches the host's
         # disk, and the options (host paths) do not show in the command line of the run's pid 1.
-        with _memory_file(source) as program:
-            options = self._bwrap_options(program.fileno(), len(source))
+        with _memory_file(source) as program, self._seccomp_file() as seccomp:
+            options = [*self._bwrap_options(program.fileno(), len(source)), *_seccomp_options(seccomp)]
             with _memory_file(b"".join(option.encode() + b"\0" for option in options)) as bwrap_options:
                 command = ["/bin/sh", "-c", _JOIN_CGROUP, str(cgroups.procs(slot)), self.bwrap,
                            "--args", str(bwrap_options.fileno()), "--",
@@ -234,7 +236,8 @@ class CodeSandbox:
                     # No preexec_fn (unsafe with threads): the launcher does all process setup itself.
                     proc = subprocess.Popen(
                         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        pass_fds=(status_write, program.fileno(), bwrap_options.fileno()), start_new_session=True,
+                        pass_fds=(status_write, program.fileno(), bwrap_options.fileno(), *_fds(seccomp)),
+                        start_new_session=True,
                         env=_ENV, cwd="/")
                 except OSError as exc:
                     os.close(status_read)
@@ -319,15 +322,20 @@ class CodeSandbox:
         return failure
 
     def _start_warm(self, slot: int) -> WarmSlot:
-        options = [*_ZYGOTE_ISOLATION, *self._root, "--dir", "/tmp", "--chdir", "/tmp", "--clearenv",
-                   *(arg for name, value in _ENV.items() for arg in ("--setenv", name, value))]
+        with self._seccomp_file() as seccomp:
+            options = [*_ZYGOTE_ISOLATION, *self._root, "--dir", "/tmp", "--chdir", "/tmp", "--clearenv",
+                       *(arg for name, value in _ENV.items() for arg in ("--setenv", name, value)),
+                       *_seccomp_options(seccomp)]
+            return self._start_zygote(slot, options, _fds(seccomp))
+
+    def _start_zygote(self, slot: int, options: list[str], fds: tuple[int, ...]) -> WarmSlot:
         with _memory_file(b"".join(option.encode() + b"\0" for option in options)) as bwrap_options:
             def command(control: int, cgroup: int) -> list[str]:
                 return ["/bin/sh", "-c", _JOIN_CGROUP, str(self.cgroups.zygote_procs(slot)), self.bwrap,
                         "--args", str(bwrap_options.fileno()), "--", self.python, "-I", "-S", _ENTRY_INSIDE,
                         "zygote", str(control), str(cgroup), *self._spec(slot)]
 
-            return WarmSlot(command, (bwrap_options.fileno(),), self.cgroups.procs(slot), _ENV)
+            return WarmSlot(command, (bwrap_options.fileno(), *fds), self.cgroups.procs(slot), _ENV)
 
     def _replace(self, slot: int) -> None:
         """Ends the slot's warm sandbox; its next run starts a new one."""
@@ -335,6 +343,11 @@ class CodeSandbox:
         if warm is not None:
             warm.close()
         self.cgroups.empty_zygote(slot)
+
+    def _seccomp_file(self) -> contextlib.AbstractContextManager[BinaryIO | None]:
+        """The seccomp filter for one bubblewrap, which reads its descriptor to the end (None where there is none
+        for this machine)."""
+        return contextlib.nullcontext() if self._seccomp is None else _memory_file(self._seccomp)
 
     def _tmp_bytes(self, program_bytes: int) -> int:
         """The private /tmp's size: it bounds all that is written (RLIMIT_FSIZE bounds one file only)."""
@@ -437,6 +450,14 @@ class CodeSandbox:
         else:
             status = "runtime_error"
         return RunResult(status, code, stdout, stderr, seconds)
+
+
+def _seccomp_options(seccomp: BinaryIO | None) -> list[str]:
+    return [] if seccomp is None else ["--seccomp", str(seccomp.fileno())]
+
+
+def _fds(file: BinaryIO | None) -> tuple[int, ...]:
+    return () if file is None else (file.fileno(),)
 
 
 def _memory_file(data: bytes) -> BinaryIO:
