@@ -5,6 +5,7 @@ route the client knows but this server does not serve is a 404 saying so (never 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -36,7 +37,9 @@ def _future(request_id: str, **extra) -> dict:
 def create_app(service: TinkerService) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
+        expiring = asyncio.create_task(_expire_sessions(service))
         yield
+        expiring.cancel()
         service.close()
 
     app = FastAPI(title="Zerobubble Tinker API", openapi_url=None, docs_url=None, redoc_url=None, lifespan=lifespan)
@@ -73,7 +76,7 @@ def create_app(service: TinkerService) -> FastAPI:
 
     @app.post(f"{API}/session_heartbeat")
     async def heartbeat(request: Request) -> dict:
-        service.session(schema.parse(schema.SessionRef, await request.body()).session_id)
+        service.heartbeat(schema.parse(schema.SessionRef, await request.body()).session_id)
         return {"type": "session_heartbeat"}
 
     @app.post(f"{API}/create_model")
@@ -148,6 +151,13 @@ def create_app(service: TinkerService) -> FastAPI:
     app.add_middleware(GuardMiddleware, guard=guard, max_body_bytes=config.max_body_bytes)
     app.add_middleware(ApiKeyAsBearer)
     return app
+
+
+async def _expire_sessions(service: TinkerService) -> None:
+    while True:
+        await asyncio.sleep(min(30.0, service.config.session_timeout_s / 4))
+        for session_id in service.expire():
+            log.info("session %s ended: nothing heard from it for %g s", session_id, service.config.session_timeout_s)
 
 
 class ApiKeyAsBearer:

@@ -24,6 +24,9 @@ class TinkerServerConfig(Schema):
     poll_wait_s: float = Field(20.0, gt=0, lt=45, description="how long retrieve_future holds a poll open before "
                                "answering try_again (the client waits 45 s for an answer)")
     max_models: int = Field(8, gt=0, description="LoRA training clients held at once, all sessions together")
+    max_models_per_session: int = Field(4, gt=0, description="LoRA training clients one session may hold")
+    session_timeout_s: float = Field(300.0, gt=0, description="a session not heard from this long ends: its "
+                                     "training clients are unloaded (the client heartbeats every 10 s)")
     max_pending_per_session: int = Field(64, gt=0, description="requests of one session queued or running at "
                                          "once; more get 429, which the client retries")
     max_finished: int = Field(4096, gt=0, description="finished results kept for retrieval; the oldest go first")

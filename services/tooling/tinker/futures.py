@@ -38,9 +38,10 @@ class Futures:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._pending: Counter[str] = Counter()
 
-    def submit(self, owner: str, work: Callable[[], Result]) -> str:
-        """Queue `work` for `owner` (a session); 429 when the owner has max_pending_per_session queued."""
-        if self._pending[owner] >= self._max_pending:
+    def submit(self, owner: str, work: Callable[[], Result], *, bounded: bool = True) -> str:
+        """Queue `work` for `owner` (a session); 429 when the owner has max_pending_per_session queued (unless
+        not `bounded`: the front's own clean-up)."""
+        if bounded and self._pending[owner] >= self._max_pending:
             raise Refused(429, "session_id", f"session {owner!r} has {self._pending[owner]} requests queued or "
                           f"running, the most max_pending_per_session allows; retry when some are done")
         request_id = uuid.uuid4().hex

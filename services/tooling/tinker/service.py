@@ -4,13 +4,15 @@ futures their work answers through. app.py puts HTTP around it. Ids follow the c
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from zerobubble.tooling.tinker import schema
 from zerobubble.tooling.tinker.config import TinkerServerConfig
-from zerobubble.tooling.tinker.errors import invalid, unknown
+from zerobubble.tooling.tinker.errors import Refused, invalid, unknown
 from zerobubble.tooling.tinker.futures import Futures
 from zerobubble.tooling.tinker.models import SavedState, TrainingModels
 from zerobubble.tooling.tinker.sampler import Sampler, SamplerWeights
@@ -28,14 +30,15 @@ class SamplingSession:
 
 
 class TinkerService:
-    def __init__(self, config: TinkerServerConfig):
+    def __init__(self, config: TinkerServerConfig, clock: Callable[[], float] = time.monotonic):
         self.config = config
+        self._clock = clock
         self.models = TrainingModels(config.model_dir, max_models=config.max_models, max_rank=config.max_lora_rank,
                                      alpha=config.lora_alpha, max_tokens=config.max_tokens_per_request)
         self.sampler = Sampler(config.model_dir, seed=config.seed, max_new_tokens=config.max_new_tokens,
                                default_max_new_tokens=config.default_max_new_tokens)
         self.futures = Futures(config.max_pending_per_session, config.max_finished)
-        self.sessions: set[str] = set()
+        self.sessions: dict[str, float] = {}   # session id -> when it was last heard from
         self.checkpoints: OrderedDict[str, SamplerWeights] = OrderedDict()
         self.states: OrderedDict[str, SavedState] = OrderedDict()
         self.sampling_sessions: dict[str, SamplingSession] = {}
@@ -46,13 +49,32 @@ class TinkerService:
 
     def create_session(self) -> str:
         session_id = uuid.uuid4().hex
-        self.sessions.add(session_id)
+        self.sessions[session_id] = self._clock()
         return session_id
 
     def session(self, session_id: str) -> str:
         if session_id not in self.sessions:
             raise unknown("session_id", session_id)
         return session_id
+
+    def heartbeat(self, session_id: str) -> None:
+        if session_id not in self.sessions:
+            # 410 is how the client learns its session is over (it stops its heartbeats).
+            raise Refused(410, "session_id", f"{session_id[:100]!r} has ended or was never opened here")
+        self.sessions[session_id] = self._clock()
+
+    def expire(self) -> list[str]:
+        """End the sessions not heard from for session_timeout_s: their training clients are unloaded (after the
+        work they queued) and their samplers dropped. States and weights they saved stay (the newest are kept)."""
+        cutoff = self._clock() - self.config.session_timeout_s
+        ended = [session_id for session_id, seen in self.sessions.items() if seen < cutoff]
+        for session_id in ended:
+            del self.sessions[session_id]
+            for model_id in [m for m, model in self.models.models.items() if model.session_id == session_id]:
+                self.futures.submit(session_id, lambda model_id=model_id: self.models.unload(model_id), bounded=False)
+            for sampling_id in [i for i, s in self.sampling_sessions.items() if s.session_id == session_id]:
+                del self.sampling_sessions[sampling_id]
+        return ended
 
     def _base_model(self, name: str, field: str) -> str:
         if name != self.config.model_name:
@@ -63,11 +85,18 @@ class TinkerService:
         session_id = self.session(request.session_id)
         self._base_model(request.base_model, "base_model")
         lora = self.models.check_create(request.lora_config)
+        self._check_session_room(session_id)
         model_id = f"{session_id}:train:{request.model_seq_id}"
         if model_id in self.models.models:
             raise invalid("model_seq_id", f"{request.model_seq_id} is already a training client of this session")
         seed = request.lora_config.seed
         return self.futures.submit(session_id, lambda: self.models.create(model_id, session_id, lora, seed))
+
+    def _check_session_room(self, session_id: str) -> None:
+        held = sum(model.session_id == session_id for model in self.models.models.values())
+        if held >= self.config.max_models_per_session:
+            raise Refused(403, "max_models_per_session", f"session {session_id!r} holds {held} training clients, "
+                          "the most one session may")
 
     def info(self, model_id: str) -> dict:
         model = self.models.get(model_id)
@@ -140,6 +169,7 @@ class TinkerService:
                 self._base_model(request.base_model, "base_model")
             model_id = f"{session_id}:train:{request.model_seq_id}"
             self.models.check_room()
+            self._check_session_room(session_id)
             create = state.lora
         else:
             raise invalid("model_id", "give the model_id to load into, or a session_id and model_seq_id")
