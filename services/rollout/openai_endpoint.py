@@ -59,6 +59,9 @@ class Call:
     policy_version: int
     finish_reason: str = "stop"
     temperature: float = 1.0
+    # Tokens the engine kept at each completion token (top-p or top-k: engine.py's Sample.support); empty: the whole
+    # vocabulary every time, as 0 says per token.
+    support: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -83,11 +86,17 @@ def stitch(calls: list[Call]) -> list[dict]:
             last["loss_mask"] += [0] * len(between) + [1] * len(call.completion_ids)
             last["logprobs"] += [0.0] * len(between) + call.logprobs
             last["policy_versions"] += [-1] * len(between) + [call.policy_version] * len(call.completion_ids)
+            last["support"] += [0] * len(between) + _support(call)
         else:
             samples.append({"prompt_ids": list(call.prompt_ids), "response_ids": list(call.completion_ids),
                             "loss_mask": [1] * len(call.completion_ids), "logprobs": list(call.logprobs),
-                            "policy_versions": [call.policy_version] * len(call.completion_ids)})
+                            "policy_versions": [call.policy_version] * len(call.completion_ids),
+                            "support": _support(call)})
     return samples
+
+
+def _support(call: Call) -> list[int]:
+    return list(call.support) if call.support else [0] * len(call.completion_ids)
 
 
 class OpenAIEndpoint:
@@ -225,9 +234,10 @@ class OpenAIEndpoint:
             sample = samples[0][0]
             completion = [int(token) for token in sample.token_ids]
             logprobs = [float(value) for value in sample.logprobs]
+            support = [] if sample.support is None else [int(kept) for kept in sample.support]
             with self._lock:
                 session.calls.append(Call(prompt_ids, completion, logprobs, version, sample.finish_reason,
-                                          sampling.temperature))
+                                          sampling.temperature, support))
         finally:
             with self._lock:
                 session.running -= 1

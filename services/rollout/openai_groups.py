@@ -52,7 +52,7 @@ def common_prefix(sequences: list[list[int]]) -> list[int]:
 def trajectory_sample(chain: dict, prefix_length: int, text: str) -> Sample:
     """The chain as one response after the group's prompt: its prompt past the prefix masked, then its own
     tokens. A masked token takes the version of the sampled token before it (the first sampled one at the start),
-    as an episode's observations do."""
+    as an episode's observations do; the tokens each sampled one's distribution kept go with it (top-p, top-k)."""
     head = chain["prompt_ids"][prefix_length:]
     versions = [-1] * len(head) + chain["policy_versions"]
     sampled = [v for v in versions if v >= 0]
@@ -60,9 +60,11 @@ def trajectory_sample(chain: dict, prefix_length: int, text: str) -> Sample:
     for i, version in enumerate(versions):
         current = version if version >= 0 else current
         versions[i] = current
+    support = [0] * len(head) + chain["support"]
     return Sample(token_ids=head + chain["response_ids"], logprobs=[0.0] * len(head) + chain["logprobs"],
                   finish_reason=chain["finish_reason"], text=text, versions=np.asarray(versions),
-                  loss_mask=np.asarray([0] * len(head) + chain["loss_mask"], dtype=np.uint8))
+                  loss_mask=np.asarray([0] * len(head) + chain["loss_mask"], dtype=np.uint8),
+                  support=np.asarray(support) if any(support) else None)
 
 
 def row_of(prompt: common_pb2.Prompt, ground_truth: bool = True) -> dict:

@@ -100,12 +100,27 @@ def test_an_agent_loop_through_the_openai_client_is_recorded_token_for_token(end
     assert 1 <= len(samples) <= 3
 
 
+def test_a_call_at_top_p_records_the_support_its_tokens_were_drawn_from(endpoint):
+    # Without it the trainer would weigh these tokens by the full softmax, biased by the mass top-p cut off.
+    status, opened = post(f"{endpoint}/v1/sessions", {"row": {}})
+    assert status == 200
+    calls = f"{endpoint}{opened['base_url']}/chat/completions"
+    status, answer = post(calls, {"model": "zerobubble-policy", "messages": [{"role": "user", "content": "1+1?"}],
+                                  "max_tokens": MAX_NEW_TOKENS, "top_p": 0.5})
+    assert status == 200, answer
+    status, closed = post(f"{endpoint}/v1/sessions/{opened['session_id']}/close", {"reward": 0.0})
+    assert status == 200
+    sample = closed["samples"][-1]
+    assert len(sample["support"]) == len(sample["response_ids"]) == len(answer["completion_token_ids"])
+    assert all(kept >= 1 for kept in sample["support"]), sample["support"]
+
+
 def test_calls_that_extend_each_other_form_one_sample_and_one_that_does_not_forks():
     calls = [Call([1, 2], [3, 4], [-0.1, -0.2], 5), Call([1, 2, 3, 4, 9], [6], [-0.3], 6),
              Call([1, 7], [8], [-0.4], 6)]
     first, second = stitch(calls)
     assert first == {"prompt_ids": [1, 2], "response_ids": [3, 4, 9, 6], "loss_mask": [1, 1, 0, 1],
-                     "logprobs": [-0.1, -0.2, 0.0, -0.3], "policy_versions": [5, 5, -1, 6]}
+                     "logprobs": [-0.1, -0.2, 0.0, -0.3], "policy_versions": [5, 5, -1, 6], "support": [0, 0, 0, 0]}
     assert second["prompt_ids"] == [1, 7] and second["loss_mask"] == [1]
 
 

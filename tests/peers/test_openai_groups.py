@@ -217,6 +217,16 @@ def test_a_chains_prompt_past_the_groups_prefix_is_masked_and_takes_the_next_sam
     assert sample.loss_mask.tolist() == [0, 1, 1, 0, 1]
     assert sample.logprobs.tolist() == pytest.approx([0.0, -0.1, -0.2, 0.0, -0.3])
     assert sample.versions.tolist() == [7, 7, 7, 7, 8] and sample.finish_reason == "length"
+    assert sample.support is None, "calls over the whole vocabulary need no support"
+
+
+def test_a_chain_keeps_the_support_each_call_sampled_from_so_the_trainer_replays_it():
+    # The second call drew at top-p: its token came from the 3 most likely, which the trainer must renormalise over.
+    calls = [Call([1, 2, 3], [4, 5], [-0.1, -0.2], 7), Call([1, 2, 3, 4, 5, 9], [6], [-0.3], 8, support=[3])]
+    chain = {**stitch(calls)[-1], "finish_reason": "stop"}
+    sample = trajectory_sample(chain, 2, "six")
+    assert sample.token_ids.tolist() == [3, 4, 5, 9, 6]
+    assert sample.support.tolist() == [0, 0, 0, 0, 3]
 
 
 def test_a_group_of_the_last_prompt_refused_whole_then_training_ends_with_410_not_429(tmp_path):
