@@ -9,7 +9,6 @@ import torch
 
 from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.clients.reward import RewardClient
-from zerobubble.common.config import ConfigError
 from zerobubble.common.server import ServiceHost
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine_factory import make_engine
@@ -43,10 +42,6 @@ class RolloutHost(ServiceHost):
         model = config.model
         try:
             check_engine(self.spec.weight_updates, model.engine)
-            if self.spec.episodes.enabled and (field := config.generation.truncation_field()):
-                # Episodes record no sampling support yet: their importance weights would carry the kept mass.
-                raise ConfigError(f"{field}: multi-turn episodes (run_spec.episodes) record no sampling support "
-                                  "for the trainer to replay; leave top_p at 1 and top_k at -1 with episodes")
         except BaseException:
             self.buffer.close()
             raise

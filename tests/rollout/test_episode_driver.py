@@ -74,12 +74,12 @@ def prompts(engine, count):
         for i in range(count)]
 
 
-def play(engine, environments, *, n=3, count=2, max_new_tokens=96, **limits):
+def play(engine, environments, *, n=3, count=2, max_new_tokens=96, top_p=1.0, **limits):
     spec = EpisodeSpec(default=ROUTE, **({"max_turn_tokens": 8} | limits))
     recording = Recording(engine)
     driver = EpisodeDriver(environments, TurnRenderer(engine.tokenizer, spec.max_observation_tokens), spec,
                            max_new_tokens=max_new_tokens)
-    sampling = SamplingSettings(n=n, temperature=1.0, max_new_tokens=8, seed=3)
+    sampling = SamplingSettings(n=n, temperature=1.0, max_new_tokens=8, seed=3, top_p=top_p)
     prompt_ids, samples = driver.play(recording, prompts(engine, count), sampling)
     return recording, prompt_ids, samples
 
@@ -173,3 +173,17 @@ def test_weights_taken_between_turns_are_the_versions_of_the_later_turns_tokens(
         # The first turn and the observation after it: version 0; the turn after the new weights: version 1.
         assert sample.versions.tolist() == [0] * second_start + [1] * (len(sample.token_ids) - second_start)
         assert sample.loss_mask[:first_turn].all()
+
+
+def test_at_top_p_each_model_token_keeps_its_support_and_observations_none(engine):
+    # The trainer replays each token's support; without it an episode's weights would carry the mass top-p cut.
+    environments = ScriptedEnvironments([StepOutcome("obs!", reward=0.0), StepOutcome(None, reward=1.0, done=True)])
+    recording, _, samples = play(engine, environments, top_p=0.7)
+    (_, _, first), (_, _, second) = recording.calls
+    for index, sample in enumerate(s for per_prompt in samples for s in per_prompt):
+        turn1, turn2 = first[index // 3][index % 3], second[index][0]
+        model = sample.loss_mask == 1
+        np.testing.assert_array_equal(sample.support[model], np.concatenate([turn1.support, turn2.support]))
+        assert (sample.support[model] >= 1).all() and not sample.support[~model].any()
+    _, _, whole = play(engine, ScriptedEnvironments([StepOutcome(None, reward=1.0, done=True)]))
+    assert all(sample.support is None for per_prompt in whole for sample in per_prompt)

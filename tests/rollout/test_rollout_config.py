@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
-from stack import start_buffer, tiny_assets
 
-from zerobubble.common.config import ConfigError, load_config
-from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
 
 
@@ -25,16 +22,3 @@ def test_truncated_sampling_on_transformers_is_taken():
     assert (config.generation.top_k, config.generation.top_p) == (20, 0.8)
 
 
-def test_truncated_sampling_with_episodes_is_refused_before_the_engine_loads(tmp_path):
-    # Episodes record no sampling support yet: the trainer could not replay the kept set (docs/concepts/objective.md).
-    _model, train, _ = tiny_assets(tmp_path / "assets", train_size=4, eval_size=2)
-    buffer = start_buffer(train, tmp_path / "wal", **{"run_spec.episodes.default": {"environment": "calculator"}})
-    try:
-        config = load_config(RolloutServiceConfig, None, {
-            "server.listen": "127.0.0.1:0", "model.path": str(tmp_path / "no-model-needed"), "trainer": None,
-            "generation.top_p": 0.8, "buffer.address": buffer.address, "buffer.retry_seconds": 5})
-        with pytest.raises(ConfigError) as refused:
-            build(config)
-        assert str(refused.value).startswith("generation.top_p: multi-turn episodes")
-    finally:
-        buffer.stop()

@@ -60,6 +60,7 @@ class _Live:
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)      # the policy version that drew each token
+    support: list[int] = field(default_factory=list)       # tokens kept when each was drawn (0: the whole vocab)
     last_text: str = ""
     last_finish: str = FINISH_STOP
 
@@ -67,8 +68,10 @@ class _Live:
     def ended(self) -> bool:
         return bool(self.record.ended_reason)
 
-    def add(self, ids, logprobs, versions, *, sampled: bool) -> None:
-        """`versions`: of each sampled token; an observation's tokens take the version of the turn before."""
+    def add(self, ids, logprobs, versions, *, sampled: bool, support=None) -> None:
+        """`versions`: of each sampled token; an observation's tokens take the version of the turn before.
+        `support`: what the engine kept of each sampled token's distribution (top-p, top-k), None for all of it."""
+        self.support.extend([0] * len(ids) if support is None else (int(k) for k in support))
         self.tokens.extend(int(t) for t in ids)
         self.logprobs.extend(float(x) for x in logprobs) if sampled else self.logprobs.extend([0.0] * len(ids))
         self.mask.extend([int(sampled)] * len(ids))
@@ -170,7 +173,8 @@ class EpisodeDriver:
             room = self.max_new_tokens - len(episode.tokens)
             ids, logprobs = sample.token_ids[:room], sample.logprobs[:room]
             versions = sample.versions[:room] if sample.versions is not None else [version] * len(ids)
-            episode.add(ids, logprobs, versions, sampled=True)
+            support = sample.support[:room] if sample.support is not None else None
+            episode.add(ids, logprobs, versions, sampled=True, support=support)
             episode.record.turns += 1
             episode.last_finish = sample.finish_reason if len(ids) == len(sample.token_ids) else FINISH_LENGTH
             episode.last_text = sample.text if len(ids) == len(sample.token_ids) else \
@@ -219,7 +223,8 @@ class EpisodeDriver:
                       logprobs=np.asarray(episode.logprobs, dtype=np.float32),
                       finish_reason=FINISH_LENGTH if truncated else FINISH_STOP, text=episode.last_text,
                       loss_mask=np.asarray(episode.mask, dtype=np.uint8), episode=record,
-                      versions=np.asarray(episode.versions, dtype=np.int64))
+                      versions=np.asarray(episode.versions, dtype=np.int64),
+                      support=np.asarray(episode.support, dtype=np.int32) if any(episode.support) else None)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
