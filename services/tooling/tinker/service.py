@@ -220,6 +220,10 @@ class TinkerService:
         if min(prompt) < 0 or max(prompt) >= vocabulary:
             raise invalid("prompt", f"a token id outside the vocabulary [0, {vocabulary})")
         settings = self.sampler.settings(request.sampling_params, request.num_samples)
+        context = self.models.context_length
+        if context and len(prompt) + settings.max_new_tokens > context:
+            raise invalid("prompt", f"{len(prompt)} tokens and max_tokens {settings.max_new_tokens} are over the "
+                          f"model's context of {context}")
         request_id = self.futures.submit(
             session.session_id, lambda: encode_sample(self.sampler.sample(session.weights, prompt, settings), None))
         return request_id, [f"{request_id}:{i}" for i in range(request.num_samples)]

@@ -37,7 +37,8 @@ def tinker_server(tmp_path_factory) -> Server:
     config = folder / "tinker.yaml"
     config.write_text(yaml.safe_dump({"listen": listen, "model_name": MODEL, "model_dir": str(model_dir),
                                       "auth": {"auth_token_env": "ZB_TINKER_TOKEN"}, "poll_wait_s": 5.0,
-                                      "max_pending_per_session": 16, "max_models": 16}))
+                                      "max_pending_per_session": 16, "max_models": 24,
+                                      "max_models_per_session": 16}))
     log = (folder / "server.log").open("w")
     process = subprocess.Popen([sys.executable, "-m", "zerobubble.tooling.tinker", "--config", str(config)],
                                env={**os.environ, "ZB_TINKER_TOKEN": TOKEN}, stdout=log, stderr=subprocess.STDOUT)
@@ -71,8 +72,8 @@ def _wait_healthy(url: str, process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="session")
 def service_client(tinker_server):
-    """The official client as a user makes one: base URL and API key, nothing else."""
-    os.environ["TINKER_TELEMETRY"] = "0"  # read when the client starts; no events to send anywhere
+    """The official client as a user makes one: base URL and API key, nothing else (its telemetry included, which
+    the front accepts and drops)."""
     import tinker
 
     return tinker.ServiceClient(base_url=tinker_server.url, api_key=TOKEN)
