@@ -16,8 +16,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is No
 
 
 def test_bench_sandbox_measures_warm_cold_and_bare_in_the_run():
-    result = bench_sandbox(programs=4)
+    result = bench_sandbox(programs=4, rounds=2)
     json.dumps(result)
+    assert result["programs_each"] == 2 * max(result["cores"], 4 // 2)  # two rounds, each at least a program a slot
     warm, cold, bare = (result[key] for key in ("code_programs_per_s", "cold_code_programs_per_s",
                                                 "bare_program_spawns_per_s"))
     assert warm > 0 and cold > 0 and bare > 0

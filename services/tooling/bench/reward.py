@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -56,36 +56,46 @@ def _math_rate(workers: int, count: int) -> float:
         return count / (time.perf_counter() - start)
 
 
-def _code_rate(slots: int, count: int, warm: bool) -> float:
+def _code_runs(stack: ExitStack, slots: int, warm: bool) -> Callable[[int], float]:
+    """A reward service in this process whose sandbox slots are warm or cold, its slots' first runs done: returns
+    a function that scores that many runs of the program and says how many seconds it took."""
     tests = {"inputs": ["1 2 3\n"], "outputs": ["6\n"]}
-    requests = [score_request("code", _PROGRAM, test_cases=tests, id=str(i)) for i in range(count)]
     overrides = [f"sandbox.slots={slots}", f"sandbox.warm_slots={str(warm).lower()}", "math.workers=1"]
-    with reward_client(overrides=overrides) as client:
-        client.score_batch(requests[:slots])
+    client = stack.enter_context(reward_client(overrides=overrides))
+
+    def run(count: int) -> float:
+        requests = [score_request("code", _PROGRAM, test_cases=tests, id=str(i)) for i in range(count)]
         start = time.perf_counter()
         results = client.score_batch(requests)
         elapsed = time.perf_counter() - start
-    if not all(r.answer_ok for r in results):
-        raise RuntimeError(f"benchmark program failed in the sandbox: {results[0].reason}")
-    return count / elapsed
+        if not all(r.answer_ok for r in results):
+            raise RuntimeError(f"benchmark program failed in the sandbox: {results[0].reason}")
+        return elapsed
+
+    run(slots)
+    return run
 
 
-def _spawn_rate(python: str, parallel: int, count: int) -> float:
+def _spawns(stack: ExitStack, python: str, parallel: int) -> Callable[[int], float]:
     """The same program on the same input, each run a bare interpreter spawn (`python -I main.py`, as the sandbox
-    starts it) with its output read back, at the same concurrency."""
-    stdin = b"1 2 3\n"
+    starts it) with its output read back, at the same concurrency: returns a function that spawns that many and
+    says how many seconds it took."""
+    folder = stack.enter_context(tempfile.TemporaryDirectory())
+    Path(folder, "main.py").write_text(_PROGRAM_SOURCE)
+    pool = stack.enter_context(ThreadPoolExecutor(parallel))
 
     def spawn(_):
-        done = subprocess.run([python, "-I", "main.py"], cwd=folder, input=stdin, capture_output=True, check=True)
+        done = subprocess.run([python, "-I", "main.py"], cwd=folder, input=b"1 2 3\n", capture_output=True,
+                              check=True)
         if done.stdout != b"6\n":
             raise RuntimeError(f"the bare program printed {done.stdout!r}")
 
-    with tempfile.TemporaryDirectory() as folder:
-        Path(folder, "main.py").write_text(_PROGRAM_SOURCE)
-        with ThreadPoolExecutor(parallel) as pool:
-            start = time.perf_counter()
-            list(pool.map(spawn, range(count)))
-            return count / (time.perf_counter() - start)
+    def run(count: int) -> float:
+        start = time.perf_counter()
+        list(pool.map(spawn, range(count)))
+        return time.perf_counter() - start
+
+    return run
 
 
 def _median_ms(run, count: int) -> float:
@@ -122,20 +132,28 @@ def _sandbox_stages(python: str, count: int) -> dict:
         warm.close()
 
 
-def bench_sandbox(programs: int = 40) -> dict:
+def bench_sandbox(programs: int = 40, rounds: int = 4) -> dict:
     """Sandboxed programs/s at one slot per core, in warm slots (the default) and in a bubblewrap sandbox each
     (cold), against bare spawns of the same program at the same concurrency, and the stages of one sandboxed
-    run. The three rates are taken in turn, bare between the two sandboxed ones."""
+    run. The three take turns, a share of the programs each in every round, so that a change in the machine's load
+    falls on all three alike."""
     cores = os.cpu_count() or 1
     # The baseline spawns the interpreter the sandbox runs programs with, not a PATH shim.
     probe = CodeSandbox(SandboxConfig(slots=1, warm_slots=False))
     python = probe.python
     probe.close()
-    warm = _code_rate(cores, programs, warm=True)
-    spawn = _spawn_rate(python, cores, programs)
-    cold = _code_rate(cores, programs, warm=False)
+    share = max(cores, programs // rounds)
+    with ExitStack() as stack:
+        sides = {"warm": _code_runs(stack, cores, warm=True), "bare": _spawns(stack, python, cores),
+                 "cold": _code_runs(stack, cores, warm=False)}
+        seconds = dict.fromkeys(sides, 0.0)
+        for _ in range(rounds):
+            for side, run in sides.items():
+                seconds[side] += run(share)
+    warm, spawn, cold = (share * rounds / seconds[side] for side in ("warm", "bare", "cold"))
     return {
         "cores": cores,
+        "programs_each": share * rounds,
         "code_programs_per_s": round(warm, 1),
         "cold_code_programs_per_s": round(cold, 1),
         "bare_program_spawns_per_s": round(spawn, 1),
@@ -147,7 +165,7 @@ def bench_sandbox(programs: int = 40) -> dict:
     }
 
 
-def bench_reward(items: int = 400, programs: int = 40) -> dict:
+def bench_reward(items: int = 400, programs: int = 40, rounds: int = 4) -> dict:
     cores = os.cpu_count() or 1
     one = _math_rate(1, items)
     many = _math_rate(cores, items)
@@ -156,7 +174,7 @@ def bench_reward(items: int = 400, programs: int = 40) -> dict:
         "math_scores_per_s_1_worker": round(one, 1),
         f"math_scores_per_s_{cores}_workers": round(many, 1),
         "math_speedup": round(many / one, 2),
-        **bench_sandbox(programs),
+        **bench_sandbox(programs, rounds),
     }
     from zerobubble.tooling.bench.reward_http import bench_http_vs_grpc  # it reuses _MATH from here
 
@@ -321,6 +339,8 @@ def register_bench(benches) -> None:
                                 "with --load, many concurrent scoring streams against one service")
     parser.add_argument("--items", type=int, default=400, help="math items per measurement")
     parser.add_argument("--programs", type=int, default=40, help="programs per measurement")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="the sandbox's turns: warm, bare and cold take turns this many times")
     parser.add_argument("--sandbox-only", action="store_true",
                         help="only the sandboxed programs, warm and cold, against bare spawns of the same program")
     parser.add_argument("--load", action="store_true",
@@ -343,5 +363,5 @@ def _measure(args) -> dict:
                                  math_workers=args.math_workers, health_every=args.health_every,
                                  health_deadline=args.health_deadline)
     if args.sandbox_only:
-        return bench_sandbox(programs=args.programs)
-    return bench_reward(items=args.items, programs=args.programs)
+        return bench_sandbox(programs=args.programs, rounds=args.rounds)
+    return bench_reward(items=args.items, programs=args.programs, rounds=args.rounds)
