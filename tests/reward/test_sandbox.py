@@ -158,6 +158,20 @@ fail()
     assert sandbox.run("exit(5)", "").exit_code == 5
 
 
+def test_a_program_ends_as_at_the_interpreters_exit(sandbox):
+    # A warm slot's program skips the interpreter's teardown: what a program can see of its exit must not change.
+    source = """
+import atexit, sys, threading, time
+atexit.register(lambda: print("exit handler"))
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread"))).start()
+sys.stdout.write("unflushed")
+"""
+    result = sandbox.run(source, "")
+    assert (result.status, result.stdout) == ("ok", "unflushedthread\nexit handler\n")
+    said = sandbox.run('import sys\nsys.exit("bye")', "")
+    assert (said.status, said.exit_code, said.stderr) == ("runtime_error", 1, "bye\n")
+
+
 def test_large_stdin_is_fed_whole(sandbox):
     data = "".join(f"{i}\n" for i in range(160_000))
     assert len(data) > 1_000_000
