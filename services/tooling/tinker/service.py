@@ -70,10 +70,11 @@ class TinkerService:
         ended = [session_id for session_id, seen in self.sessions.items() if seen < cutoff]
         for session_id in ended:
             del self.sessions[session_id]
-            for model_id in [m for m, model in self.models.models.items() if model.session_id == session_id]:
+            # Copied at once: the worker thread adds and removes clients meanwhile.
+            for model_id in [m for m, model in list(self.models.models.items()) if model.session_id == session_id]:
                 self.futures.submit(session_id, lambda model_id=model_id: self.models.unload(model_id), bounded=False)
-            for sampling_id in [i for i, s in self.sampling_sessions.items() if s.session_id == session_id]:
-                del self.sampling_sessions[sampling_id]
+            for sampling_id in [i for i, s in list(self.sampling_sessions.items()) if s.session_id == session_id]:
+                self.sampling_sessions.pop(sampling_id, None)
         return ended
 
     def _base_model(self, name: str, field: str) -> str:
@@ -93,7 +94,7 @@ class TinkerService:
         return self.futures.submit(session_id, lambda: self.models.create(model_id, session_id, lora, seed))
 
     def _check_session_room(self, session_id: str) -> None:
-        held = sum(model.session_id == session_id for model in self.models.models.values())
+        held = sum(model.session_id == session_id for model in list(self.models.models.values()))
         if held >= self.config.max_models_per_session:
             raise Refused(403, "max_models_per_session", f"session {session_id!r} holds {held} training clients, "
                           "the most one session may")
