@@ -158,6 +158,12 @@ fail()
     assert sandbox.run("exit(5)", "").exit_code == 5
 
 
+def test_the_program_sees_its_own_cgroups_as_the_root(sandbox):
+    result = sandbox.run('print(open("/proc/self/cgroup").read(), end="")', "")
+    assert result.status == "ok" and result.stdout
+    assert [line.rpartition(":")[2] for line in result.stdout.splitlines()] == ["/"] * len(result.stdout.splitlines())
+
+
 def test_a_program_ends_as_at_the_interpreters_exit(sandbox):
     # A warm slot's program skips the interpreter's teardown: what a program can see of its exit must not change.
     source = """

@@ -1,5 +1,6 @@
 """A slot's warm sandbox: programs hold no capability, and a slot's sandbox that died, or whose run went wrong,
-is replaced; one whose service died goes too."""
+is replaced; one whose service died goes too; where warm slots cannot start, each program gets a sandbox of its
+own."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_sandbox import LIMITS, assert_still_works
 
+from zerobubble.common.sandbox import runner
 from zerobubble.common.sandbox.config import SandboxConfig
 from zerobubble.common.sandbox.runner import CodeSandbox
 
@@ -70,6 +72,7 @@ def test_a_dead_zygote_is_replaced_at_the_next_run(sandbox):
 
 ABANDONED = """
 import os
+from zerobubble.common.sandbox import runner
 from zerobubble.common.sandbox.config import SandboxConfig
 from zerobubble.common.sandbox.runner import CodeSandbox
 sandbox = CodeSandbox(SandboxConfig(slots=1, uid_base={uid_base}))
@@ -89,3 +92,15 @@ def test_the_slot_sandbox_ends_with_its_service():
     while procs.read_text().split() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert procs.read_text().split() == []
+
+
+def test_where_warm_slots_cannot_start_each_program_gets_a_sandbox_of_its_own(monkeypatch):
+    monkeypatch.setattr(runner, "_ZYGOTE_ISOLATION", ("--no-such-option",))  # bubblewrap refuses to start
+    sandbox = CodeSandbox(SandboxConfig(**(LIMITS | {"slots": 1, "warm_slots": True})))
+    try:
+        assert sandbox.isolation.full, sandbox.isolation.reason
+        assert not sandbox.warm
+        assert_still_works(sandbox)
+        assert sandbox.cgroups.zygote_procs(0).read_text().split() == []
+    finally:
+        sandbox.close()

@@ -48,11 +48,13 @@ _PROBE_SOURCE = 'print("ok")'
 _JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
 # Namespaces of its own for all but users (the slot uids are real uids, so that the host's process and file
 # checks apply to them), and no capability but the two that sandbox_entry.py needs to change user.
-_NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup")
-_ISOLATION = (*_NAMESPACES, "--die-with-parent", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
-              "CAP_SETGID")
+_NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts")
+_ISOLATION = (*_NAMESPACES, "--unshare-cgroup", "--die-with-parent", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID",
+              "--cap-add", "CAP_SETGID")
 # A warm slot's zygote also makes each run's namespaces and mounts (CAP_SYS_ADMIN) and empties the program's
-# capability bounding set (CAP_SETPCAP); programs hold none of the four.
+# capability bounding set (CAP_SETPCAP); programs hold none of the four. It keeps the host's cgroup namespace: a
+# run moves into the slot's cgroup before it makes its own, and kernels before 5.16 refuse that move from inside a
+# cgroup namespace whose root is not above the slot's.
 _ZYGOTE_ISOLATION = (*_NAMESPACES, "--cap-drop", "ALL", *(arg for cap in ("CAP_SETUID", "CAP_SETGID",
                      "CAP_SYS_ADMIN", "CAP_SETPCAP") for arg in ("--cap-add", cap)))
 _CGROUP_PREFIX = "zerobubble-sandbox-"  # then the service's pid and the sandbox's number in it
@@ -133,6 +135,7 @@ class CodeSandbox:
         self._kills = 0
         self._warm: list[WarmSlot | None] = [None] * config.slots  # started at a slot's first run
         self._seccomp = keyring_filter()
+        self.warm = config.warm_slots  # False where the probe found that warm slots do not work here
         self.cgroups: SlotCgroups | None = None
         self.isolation = self._probe()
 
@@ -200,6 +203,11 @@ class CodeSandbox:
         except (OSError, SandboxUnavailable) as exc:
             return Isolation((f"no memory cgroup for the runs: {exc}",))
         result = self._run(_PROBE_SOURCE, "")
+        if self.warm and (result.status, result.stdout) != ("ok", "ok\n"):
+            log.warning("warm sandbox slots do not work here (%s: %s); each program gets a bubblewrap sandbox of "
+                        "its own", result.status, result.stderr.strip()[-500:])
+            self.warm = False
+            result = self._run(_PROBE_SOURCE, "")
         if (result.status, result.stdout) != ("ok", "ok\n"):
             detail = result.stderr.strip()[-500:]
             return Isolation((f"the probe program failed ({result.status}): {detail}",))
@@ -218,7 +226,7 @@ class CodeSandbox:
             self._slots.put(slot)
 
     def _execute(self, slot: int, source: bytes, stdin: bytes, deadline: float | None) -> RunResult:
-        if self.config.warm_slots:
+        if self.warm:
             return self._execute_warm(slot, source, stdin, deadline)
         cgroups = self.cgroups
         oom_kills = cgroups.oom_kills(slot)
