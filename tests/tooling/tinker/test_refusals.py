@@ -1,10 +1,12 @@
-"""What the front refuses, and how: no key or a wrong one is 401 before anything runs; bad input is a 4xx whose
-message names the field, both as raw HTTP and as the official client reports it; an unserved route is a 404 (never
-a 5xx, which the client would retry for minutes); a body over the limit is 413."""
+"""What the front refuses, and how: no key or a wrong one is 401 before anything runs; bad, malformed or truncated
+input is a 4xx whose message names the field, both as raw HTTP and as the official client reports it; an unserved
+route is a 404 (never a 5xx, which the client would retry for minutes); a body over the limit is 413; and a caller
+that hangs up mid-poll loses nothing."""
 
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 import tinker
 from conftest import DEADLINE, MODEL, TOKEN
@@ -93,8 +95,8 @@ def test_an_unserved_route_is_a_404_that_says_so(client):
     _refused(lambda: client.save_weights_external("checkpoint").result(DEADLINE), 404, "path")
 
 
-def _post(server, path: str, **kwargs) -> httpx.Response:
-    return httpx.post(f"{server.url}/api/v1/{path}", headers={**KEY, **kwargs.pop("headers", {})}, timeout=10,
+def _post(server, path: str, *, timeout: float = 10, **kwargs) -> httpx.Response:
+    return httpx.post(f"{server.url}/api/v1/{path}", headers={**KEY, **kwargs.pop("headers", {})}, timeout=timeout,
                       **kwargs)
 
 
@@ -117,6 +119,44 @@ def test_malformed_and_unknown_requests_name_their_field(tinker_server, client):
     for answer, status, field in cases:
         assert (answer.status_code, answer.json()["field"]) == (status, field), answer.text
         assert field in answer.json()["detail"]
+
+
+def test_a_truncated_forward_backward_is_refused_naming_the_body(tinker_server, client):
+    datum = pb.Datum()
+    datum.model_input.add().encoded_text.tokens = b"\x01\x00\x00\x00" * 8
+    whole = pb.ForwardBackwardRequest(model_id=client.model_id, loss_fn="cross_entropy", data=[datum])
+    answer = _post(tinker_server, "forward_backward", content=whole.SerializeToString()[:-5],
+                   headers={"Content-Type": "application/x-protobuf"})
+    assert (answer.status_code, answer.json()["field"]) == (422, "body")
+
+
+def _forward_only(model_id: str, rows: int, length: int) -> bytes:
+    request = pb.ForwardBackwardRequest(model_id=model_id, loss_fn="cross_entropy", forward_only=True)
+    for _ in range(rows):
+        datum = request.data.add()
+        datum.model_input.add().encoded_text.tokens = np.ones(length, dtype=np.int32).tobytes()
+        for name, dtype, values in (("target_tokens", pb.DTYPE_INT64, np.ones(length, dtype=np.int64)),
+                                    ("weights", pb.DTYPE_FLOAT32, np.ones(length, dtype=np.float32))):
+            datum.loss_fn_inputs[name].CopyFrom(pb.Tensor(dtype=dtype, shape=[length], dense=values.tobytes()))
+    return request.SerializeToString()
+
+
+def test_a_poll_the_caller_abandons_loses_nothing(tinker_server, client):
+    """A caller that hangs up in the middle of a poll finds the result at its next one, and the step it asked for
+    applied once."""
+    proto = {"Content-Type": "application/x-protobuf"}
+    # Seconds of work ahead of the step in the one queue, so the step's first poll is held open.
+    _post(tinker_server, "forward_backward", content=_forward_only(client.model_id, 16, 1000), headers=proto)
+    step = _post(tinker_server, "optim_step", json={"model_id": client.model_id, "adam_params": {}}).json()
+    with pytest.raises(httpx.TimeoutException):
+        _post(tinker_server, "retrieve_future", json={"request_id": step["request_id"]}, timeout=0.2)
+    answer = _post(tinker_server, "retrieve_future", json={"request_id": step["request_id"]}, timeout=60)
+    assert answer.status_code == 200
+    steps = answer.json()["metrics"]["step:max"]
+    again = _post(tinker_server, "retrieve_future", json={"request_id": step["request_id"]}, timeout=60)
+    assert again.json() == answer.json()  # fetched twice, the same answer
+    following = client.optim_step(types.AdamParams()).result(DEADLINE)
+    assert following.metrics["step:max"] == steps + 1  # and applied once
 
 
 def test_a_body_over_the_limit_is_413(tinker_server):
