@@ -154,6 +154,7 @@ def test_a_corrupt_log_tail_is_reported_and_skipped(buffer_process, tmp_path):
 
 
 def test_a_bad_setting_is_named_and_the_process_exits(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1?", "gt_answer": "2"}\n')
     result = subprocess.run(
         [PYTHON, "-m", "zerobubble", "serve", "buffer", "--set", f"prompts.path={tmp_path}/p.jsonl",
          "--set", "run_spec.filter_range=[0.9, 0.1]"],

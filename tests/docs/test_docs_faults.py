@@ -5,6 +5,7 @@ the real hooks, with one fault in it. (A guide command that no longer works fail
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -78,7 +79,7 @@ def test_a_wrong_count_of_services_fails_the_build(tmp_path):
     real = (ROOT / "docs" / "concepts" / "architecture.md").read_text()
     done = site(tmp_path, architecture=real + "\nIt is built as four independent gRPC services.\n")
     assert done.returncode != 0
-    assert "\"as four independent gRPC services\": the project has 5 services" in done.stderr
+    assert re.search(r'"as four independent gRPC services": the project has \d+ services \(reward, buffer', done.stderr)
 
 
 def test_a_guide_command_that_neither_runs_nor_says_why_fails_the_build(tmp_path):

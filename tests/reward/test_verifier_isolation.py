@@ -13,6 +13,7 @@ import subprocess
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -183,9 +184,11 @@ def test_workers_and_their_children_die_when_the_service_is_killed(folder, tmp_p
             while not busy_pid.exists() or not busy_pid.read_text():
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
+            # Its children: the verifier workers, and the code verifier's warm sandbox slots, which must die too.
             workers = subprocess.run(["pgrep", "-P", str(served.pid)], capture_output=True, text=True).stdout.split()
+            pools = [pid for pid in workers if b"math_pool" in Path(f"/proc/{pid}/cmdline").read_bytes()]
             sleepers = [int(idle_pid.read_text()), int(busy_pid.read_text())]
-            assert len(workers) == 2 and all(map(_alive, sleepers))
+            assert len(pools) == 2 and all(map(_alive, sleepers))
             # SIGKILL: none of the service's own cleanup runs.
             os.kill(served.pid, signal.SIGKILL)
             assert all(_gone_within(pid, 10) for pid in sleepers)
