@@ -101,3 +101,24 @@ def test_the_rl_losses_raise_the_log_prob_of_advantaged_tokens(service_client, l
         client.optim_step(types.AdamParams(learning_rate=5e-3)).result(DEADLINE)
     (after,) = target_logprobs(client.forward([base], "cross_entropy").result(DEADLINE))
     assert sum(after) > sum(sampler_logprobs) + 0.1
+
+
+def test_a_loss_computed_in_the_client_trains_through_forward_and_forward_backward(service_client):
+    """forward_backward_custom: the client scores the data with forward, differentiates its own loss and sends the
+    gradient back as cross_entropy weights; here the loss is the mean negative log-prob of each datum."""
+    import torch
+
+    client = service_client.create_lora_training_client(base_model=MODEL, rank=4, seed=5).result(DEADLINE)
+    datum = next_token_datum(client.get_tokenizer().encode("12+30=42"))
+    (before,) = target_logprobs(client.forward([datum], "cross_entropy").result(DEADLINE))
+
+    def mean_nll(_data, logprobs_list):
+        loss = torch.stack([-logprobs.mean() for logprobs in logprobs_list]).sum()
+        return loss, {"mean_nll": loss.item()}
+
+    for _ in range(3):
+        out = client.forward_backward_custom([datum], mean_nll).result(DEADLINE)
+        client.optim_step(types.AdamParams(learning_rate=5e-3)).result(DEADLINE)
+    assert out.metrics["mean_nll"] > 0
+    (after,) = target_logprobs(client.forward([datum], "cross_entropy").result(DEADLINE))
+    assert sum(after) > sum(before) + 0.1
