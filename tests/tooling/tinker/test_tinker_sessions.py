@@ -1,6 +1,6 @@
 """The Tinker core without HTTP, on the tiny model: a session no longer heard from ends and its training clients
-are unloaded (another session's stay), its heartbeat then answers 410, and one session holds at most
-max_models_per_session training clients."""
+are unloaded (another session's stay), its heartbeat then answers 410; one session holds at most
+max_models_per_session training clients, and the front at most max_samplers samplers, the oldest going first."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _create(service: TinkerService, session_id: str, seq: int) -> str:
 def test_a_silent_session_ends_and_its_clients_are_unloaded(tmp_path):
     clock = Clock()
     config = TinkerServerConfig(model_name="tiny", model_dir=make_tiny_model(tmp_path / "model", size="1m", seed=0),
-                                session_timeout_s=60, max_models_per_session=2)
+                                session_timeout_s=60, max_models_per_session=2, max_samplers=2)
 
     async def scenario():
         service = TinkerService(config, clock=clock)
@@ -45,6 +45,13 @@ def test_a_silent_session_ends_and_its_clients_are_unloaded(tmp_path):
         with pytest.raises(Refused) as caught:
             _create(service, silent, 2)
         assert (caught.value.refusal.status, caught.value.refusal.field) == (403, "max_models_per_session")
+
+        samplers = [service.create_sampling_session(schema.CreateSamplingSession(
+            session_id=alive, sampling_session_seq_id=seq, base_model="tiny")) for seq in range(3)]
+        assert list(service.sampling_sessions) == samplers[1:]
+        with pytest.raises(Refused) as caught:
+            service.sampling_session(samplers[0])
+        assert (caught.value.refusal.status, caught.value.refusal.field) == (404, "sampling_session_id")
 
         clock.now += 45
         service.heartbeat(alive)
