@@ -32,3 +32,12 @@ def test_no_test_folder_names_a_part_services_does_not_have():
         if folder.is_dir() and folder.name != "__pycache__":
             assert (REPO / "services" / "tooling" / folder.name).is_dir(), \
                 f"tests/tooling/{folder.name} mirrors no services/tooling/ folder"
+
+
+def test_no_two_test_modules_share_a_name():
+    # Test folders are not packages: pytest imports each module by its bare name, so a second one of the same name
+    # stops the whole run at collection.
+    seen: dict[str, Path] = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        assert path.name not in seen, f"{path.relative_to(REPO)} and {seen[path.name].relative_to(REPO)}: rename one"
+        seen[path.name] = path
