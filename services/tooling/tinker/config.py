@@ -34,6 +34,8 @@ class TinkerServerConfig(Schema):
                                      "go first (a sampling client already made keeps its own)")
     max_saved_states: int = Field(64, gt=0, description="training states (adapter and Adam state) saved with "
                                   "save_state kept at once, in memory; the oldest go first")
+    max_samplers: int = Field(64, gt=0, description="sampling clients held at once, all sessions together; the "
+                              "oldest go first")
     max_lora_rank: int = Field(128, gt=0, description="largest LoRA rank a training client may ask for")
     lora_alpha: float = Field(32.0, gt=0, description="the adapters' output is scaled by lora_alpha / rank")
     max_tokens_per_request: int = Field(65536, gt=0, description="tokens of all data of one forward_backward")

@@ -41,7 +41,7 @@ class TinkerService:
         self.sessions: dict[str, float] = {}   # session id -> when it was last heard from
         self.checkpoints: OrderedDict[str, SamplerWeights] = OrderedDict()
         self.states: OrderedDict[str, SavedState] = OrderedDict()
-        self.sampling_sessions: dict[str, SamplingSession] = {}
+        self.sampling_sessions: OrderedDict[str, SamplingSession] = OrderedDict()
 
     def capabilities(self) -> dict:
         return {"supported_models": [{"model_name": self.config.model_name, "trainable": True, "sampleable": True,
@@ -136,8 +136,8 @@ class TinkerService:
                 return {"path": path, "type": "save_weights_for_sampler"}
             sampling_id = f"{model.session_id}:sample:{request.sampling_session_seq_id}"
             key = f"{CHECKPOINT_PREFIX}{request.model_id}/sampler_weights/{sampling_id}"
-            self.sampling_sessions[sampling_id] = SamplingSession(model.session_id, self.config.model_name, None,
-                                                                  SamplerWeights(key, adapter))
+            self._add_sampler(sampling_id, SamplingSession(model.session_id, self.config.model_name, None,
+                                                           SamplerWeights(key, adapter)))
             return {"sampling_session_id": sampling_id, "type": "save_weights_for_sampler"}
 
         return self.futures.submit(model.session_id, save)
@@ -195,9 +195,17 @@ class TinkerService:
         else:
             raise invalid("model_path", "give a model_path or a base_model")
         sampling_id = f"{session_id}:sample:{request.sampling_session_seq_id}"
-        self.sampling_sessions[sampling_id] = SamplingSession(session_id, self.config.model_name,
-                                                              request.model_path, weights)
+        self._add_sampler(sampling_id, SamplingSession(session_id, self.config.model_name, request.model_path,
+                                                       weights))
         return sampling_id
+
+    def _add_sampler(self, sampling_id: str, session: SamplingSession) -> None:
+        """Each sampler holds its weights: an RL loop that makes one a step would otherwise grow without end. The
+        oldest go first (a loop samples its newest)."""
+        self.sampling_sessions.pop(sampling_id, None)
+        self.sampling_sessions[sampling_id] = session
+        while len(self.sampling_sessions) > self.config.max_samplers:
+            self.sampling_sessions.popitem(last=False)
 
     def sampling_session(self, sampling_id: str) -> SamplingSession:
         session = self.sampling_sessions.get(sampling_id)
