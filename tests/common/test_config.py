@@ -63,13 +63,14 @@ def test_shipped_config_files_validate():
     from zerobubble.common.config_tree import key_errors, read_tree
     from zerobubble.environment.config import EnvironmentServiceConfig
     from zerobubble.rollout.config import RolloutServiceConfig
+    from zerobubble.teacher.config import TeacherServiceConfig
     from zerobubble.tooling.launcher.config import UpConfig, up_key_tree
     from zerobubble.trainer.config import TrainerServiceConfig
 
     root = Path(__file__).resolve().parents[2]
     schemas = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "rollout": RolloutServiceConfig,
-               "trainer": TrainerServiceConfig, "environment": EnvironmentServiceConfig, "demo": UpConfig,
-               "up": UpConfig}
+               "trainer": TrainerServiceConfig, "environment": EnvironmentServiceConfig,
+               "teacher": TeacherServiceConfig, "demo": UpConfig, "up": UpConfig}
     files = sorted([*configs.DIRECTORY.glob("*.yaml"), *root.glob("deploy/hosts/*.yaml")])
     assert files
     for path in files:

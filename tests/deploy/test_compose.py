@@ -1,7 +1,8 @@
-"""deploy/docker-compose.yml and its override files (GPUs, one GPU, CPU, the tool demo): valid for docker-compose,
-with every service, health checks and volumes; the bearer token as a docker secret, ports published on this host's
-loopback only, no anonymous Grafana, reward and environment services that are not privileged, and the environment
-service bounded and waited for by the workers.
+"""deploy/docker-compose.yml and its override files (GPUs, one GPU, CPU, the tool demo, distillation): valid for
+docker-compose, with every service, health checks and volumes; the bearer token as a docker secret, ports published on
+this host's loopback only, no anonymous Grafana, reward and environment services that are not privileged, the
+environment service bounded and waited for by the workers, and the teacher optional, bounded and called by the
+trainer only with compose.distill.yml.
 
 Debian's `docker-compose` validates the files without a Docker engine (CI installs it with `apt-get install -y
 --no-install-recommends docker-compose`); tests/compose runs the CPU stack on one.
@@ -27,10 +28,12 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
 OVERRIDES = {name: COMPOSE_FILE.parent / f"compose.{name}.yml" for name in ("gpus", "gpu", "cpu")}
 TOOL_DEMO = COMPOSE_FILE.parent / "compose.tool-demo.yml"  # after compose.cpu.yml
-SERVICES = {"reward", "environment", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus", "grafana"}
-GPU_SERVICES = {"trainer", "rollout-1", "rollout-2"}
+DISTILL = COMPOSE_FILE.parent / "compose.distill.yml"  # after any override, with the profile `distill`
+SERVICES = {"reward", "environment", "teacher", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus",
+            "grafana"}
+GPU_SERVICES = {"trainer", "rollout-1", "rollout-2", "teacher"}
 GRPC_PORTS = {"reward": 50052, "environment": 50056, "buffer": 50053, "rollout-1": 50054, "rollout-2": 50054,
-              "trainer": 50055}
+              "trainer": 50055, "teacher": 50058}
 SANDBOXED = ("reward", "environment")  # the code sandbox: the code verifier, the python tool
 
 needs_docker_compose = pytest.mark.skipif(
@@ -78,6 +81,13 @@ def test_docker_compose_accepts_the_tool_demo_after_the_cpu_override():
 
 
 @needs_docker_compose
+@pytest.mark.parametrize("node", sorted(OVERRIDES))
+def test_docker_compose_accepts_distillation_after_each_override(node):
+    result = docker_compose_config(COMPOSE_FILE, None, OVERRIDES[node], DISTILL)
+    assert result.returncode == 0, result.stderr
+
+
+@needs_docker_compose
 def test_docker_compose_refuses_a_broken_copy(tmp_path):
     """The validation above means something: an unknown service key is an error."""
     broken = tmp_path / "docker-compose.yml"
@@ -116,7 +126,7 @@ def test_the_shared_file_holds_no_gpu_and_the_cpu_override_adds_none(compose, ov
         assert not gpu_devices(service), name
 
 
-def test_gpu_reservations_for_trainer_and_rollout(overrides):
+def test_gpu_reservations_for_trainer_rollout_and_teacher(overrides):
     for node in ("gpus", "gpu"):
         for name in GPU_SERVICES:
             (device,) = gpu_devices(overrides[node]["services"][name])
@@ -128,7 +138,7 @@ def test_gpu_reservations_for_trainer_and_rollout(overrides):
 
 def test_one_gpu_shares_gpu_0_and_syncs_weights_through_host_memory(overrides):
     services = overrides["gpu"]["services"]
-    ids = {gpu_devices(services[name])[0]["device_ids"][0] for name in ("trainer", "rollout-1")}
+    ids = {gpu_devices(services[name])[0]["device_ids"][0] for name in ("trainer", "rollout-1", "teacher")}
     assert ids == {"${ZB_GPU:-0}"}
     assert services["rollout-2"]["profiles"], "the second worker is opt-in on one GPU"
     command = services["trainer"]["command"]
@@ -144,7 +154,7 @@ def test_cpu_override_makes_its_assets_first_and_mounts_existing_cpu_configs(ove
             if source.startswith("./"):
                 assert (COMPOSE_FILE.parent / source).is_file(), f"{name}: {source} does not exist"
                 assert "/cpu/" in source, f"{name} reads a GPU config on CPU"
-    for name in ("buffer", "trainer"):
+    for name in ("buffer", "trainer", "teacher"):
         assert services[name]["depends_on"]["assets"]["condition"] == "service_completed_successfully"
 
 
@@ -175,6 +185,37 @@ def test_the_environment_service_is_bounded_and_unpublished(compose):
     assert re.fullmatch(r"\$\{ZB_ENVIRONMENT_MEMORY:-\d+g\}", environment["mem_limit"])
     assert isinstance(environment["pids_limit"], int) and environment["pids_limit"] > 0
     assert "ports" not in environment, "only the rollout workers call it, on the compose network"
+
+
+def test_the_teacher_is_optional_bounded_unpublished_and_called_by_the_trainer_with_distill(compose):
+    from zerobubble.common.config import load_config
+    from zerobubble.teacher.config import TeacherServiceConfig
+    from zerobubble.trainer.config import TrainerServiceConfig
+
+    teacher = compose["services"]["teacher"]
+    # Off unless asked: a run without distillation starts no teacher and needs no teacher model.
+    assert teacher["profiles"] == ["distill"]
+    assert all("profiles" not in service for name, service in compose["services"].items() if name != "teacher")
+    assert re.fullmatch(r"\$\{ZB_TEACHER_MEMORY:-\d+g\}", teacher["mem_limit"])
+    assert isinstance(teacher["pids_limit"], int) and teacher["pids_limit"] > 0
+    assert "ports" not in teacher, "only the trainer calls it, on the compose network"
+    mounts = {m.rsplit(":", 2)[1]: m.rsplit(":", 2)[0] for m in teacher["volumes"]}
+    config = load_config(TeacherServiceConfig, COMPOSE_FILE.parent / mounts["/etc/zerobubble/teacher.yaml"])
+    assert str(config.model.path).startswith("/models/") and "/models" in mounts
+    # compose.distill.yml: the trainer's own config with the teacher's address, the token and a coefficient; it
+    # waits for the teacher, and still for the buffer (compose merges depends_on).
+    trainer = yaml.safe_load(DISTILL.read_text())["services"]["trainer"]
+    assert trainer["depends_on"]["teacher"]["condition"] == "service_healthy"
+    command = trainer["command"]
+    base = compose["services"]["trainer"]["command"]
+    assert command[:len(base)] == base, "the trainer's own command and config, with the teacher added"
+    sets = [value.replace("${ZB_DISTILLATION_COEF:-0.5}", "0.5") for value in command[len(base) + 1::2]]
+    assert command[len(base)::2] == ["--set"] * len(sets)
+    mounted = {m.split(":")[1]: m.split(":")[0] for m in compose["services"]["trainer"]["volumes"]}
+    loaded = load_config(TrainerServiceConfig, COMPOSE_FILE.parent / mounted[base[-1]], overrides=sets)
+    assert loaded.teacher.address == f"teacher:{config.server.listen.rpartition(':')[2]}" == "teacher:50058"
+    assert loaded.teacher.auth_token_file == config.server.auth_token_file
+    assert loaded.algorithm.distillation_coef == 0.5
 
 
 def test_every_service_has_a_health_check(compose):

@@ -3,6 +3,7 @@ bearer token from a secret file, and listen only where they are meant to be reac
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,12 @@ from zerobubble.common.server import ServiceHost
 from zerobubble.environment.config import EnvironmentServiceConfig
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.teacher.config import TeacherServiceConfig
 from zerobubble.trainer.config import TrainerServiceConfig
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SCHEMAS = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "rollout": RolloutServiceConfig,
-           "trainer": TrainerServiceConfig, "environment": EnvironmentServiceConfig}
+           "trainer": TrainerServiceConfig, "environment": EnvironmentServiceConfig, "teacher": TeacherServiceConfig}
 HOST_FILES = sorted((DEPLOY / "hosts").glob("*.yaml"))
 COMPOSE_FILES = sorted([*(DEPLOY / "compose").glob("*.yaml"), *(DEPLOY / "compose" / "cpu").glob("*.yaml"),
                         *(DEPLOY / "compose" / "tool-demo").glob("*.yaml")])
@@ -45,7 +47,8 @@ def host(address: str) -> str:
 
 
 def clients(config) -> dict[str, ClientConfig]:
-    sections = {name: getattr(config, name, None) for name in ("buffer", "reward_service", "trainer", "environment")}
+    sections = {name: getattr(config, name, None)
+                for name in ("buffer", "reward_service", "trainer", "environment", "teacher")}
     return {name: section for name, section in sections.items() if isinstance(section, ClientConfig)}
 
 
@@ -89,6 +92,26 @@ def test_separate_hosts_listen_on_their_own_address_and_speak_tls():
         for name, client in clients(config).items():
             assert client.tls.ca, f"{service}.{name}: does not verify the server"
     assert configs["trainer"].weight_sync.store_host == reached_at["trainer"]
+
+
+def with_distillation(path: Path) -> str:
+    """hosts/trainer.yaml with its commented teacher section and distillation_coef turned on."""
+    return re.sub(r"^( *)#(?=teacher:|distillation_coef:|  )", r"\1", path.read_text(), flags=re.MULTILINE)
+
+
+def test_the_trainer_host_reaches_the_teacher_host_once_its_commented_section_is_on(tmp_path):
+    trainer_file = DEPLOY / "hosts" / "trainer.yaml"
+    assert load(trainer_file).teacher is None, "a run without distillation needs no teacher host"
+    on = tmp_path / "trainer.yaml"
+    on.write_text(with_distillation(trainer_file))
+    trainer, teacher = load(on), load(DEPLOY / "hosts" / "teacher.yaml")
+    assert trainer.algorithm.distillation_coef > 0
+    assert trainer.teacher.address == teacher.server.listen, "the trainer calls the teacher where it listens"
+    assert trainer.teacher.auth_token_file == teacher.server.auth_token_file == trainer.server.auth_token_file
+    assert trainer.teacher.tls.ca, "the trainer verifies the teacher"
+    # Nothing else changed: the rest of the file is the trainer's as shipped.
+    assert trainer.model_copy(update={"teacher": None, "algorithm": load(trainer_file).algorithm}) == \
+        load(trainer_file)
 
 
 def test_compose_services_listen_inside_their_container():
