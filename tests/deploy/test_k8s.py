@@ -45,12 +45,12 @@ def containers() -> dict[str, dict]:
 
 
 def test_every_service_runs_and_the_addresses_its_configs_call_are_services():
-    assert set(containers()) == {"reward", "environment", "buffer", "trainer", "rollout"}
+    assert set(containers()) == {"reward", "environment", "teacher", "buffer", "trainer", "rollout"}
     services = {d["metadata"]["name"]: {p["port"] for p in d["spec"]["ports"]}
                 for d in documents() if d["kind"] == "Service"}
     for name, container in containers().items():
         config = yaml.safe_load((DEPLOY / "compose" / f"{name if name != 'rollout' else 'rollout-2'}.yaml").read_text())
-        for client in ("buffer", "reward_service", "trainer", "environment"):
+        for client in ("buffer", "reward_service", "trainer", "environment", "teacher"):
             if isinstance(config.get(client), dict):
                 host, port = config[client]["address"].rsplit(":", 1)
                 assert int(port) in services[host], f"{name} calls {host}:{port}, which no Service serves"
@@ -60,12 +60,12 @@ def test_every_service_runs_and_the_addresses_its_configs_call_are_services():
         assert config["server"]["auth_token_file"].startswith("/run/secrets/"), name
 
 
-def test_sandboxed_pods_are_not_privileged_and_gpus_go_to_trainer_and_rollout():
+def test_sandboxed_pods_are_not_privileged_and_gpus_go_to_trainer_rollout_and_teacher():
     for name, container in containers().items():
         security = container.get("securityContext", {})
         assert not security.get("privileged"), name
         gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
-        assert (gpus == 1) == (name in ("trainer", "rollout")), name
+        assert (gpus == 1) == (name in ("trainer", "rollout", "teacher")), name
     cgroups = set()
     for name in ("reward", "environment"):
         security = containers()[name]["securityContext"]
@@ -88,6 +88,24 @@ def test_the_environment_pod_is_bounded_and_reached_only_by_rollout_pods():
     rollout = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "rollout"}}}
     assert [rule["from"] for rule in grpc] == [[rollout]]
     # Egress: name lookups only, so a user's environment reaches nothing else unless a rule says so.
+    assert {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]} == {53}
+
+
+def test_the_teacher_pod_is_optional_bounded_and_reached_only_by_the_trainer():
+    """The trainer's teacher section (commented in compose/trainer.yaml, the ConfigMap's) calls teacher:50058;
+    tests/deploy/test_deploy_configs.py checks that section against compose/teacher.yaml."""
+    (deployment,) = [d for d in documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "teacher"]
+    assert deployment["spec"]["replicas"] == 0, "no teacher (nor its model) unless a run distils"
+    assert "memory" in containers()["teacher"]["resources"]["limits"]
+    listen = yaml.safe_load((DEPLOY / "compose" / "teacher.yaml").read_text())["server"]["listen"]
+    (service,) = [d for d in documents() if d["kind"] == "Service" and d["metadata"]["name"] == "teacher"]
+    assert int(listen.rsplit(":", 1)[1]) == 50058 in {p["port"] for p in service["spec"]["ports"]}
+    (policy,) = [d for d in documents() if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "teacher"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "teacher"}
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    grpc = [rule for rule in policy["spec"]["ingress"] if {"port": 50058} in rule["ports"]]
+    trainer = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "trainer"}}}
+    assert [rule["from"] for rule in grpc] == [[trainer]]
     assert {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]} == {53}
 
 
