@@ -44,6 +44,13 @@ class TinkerServerConfig(Schema):
     max_samples_per_request: int = Field(64, gt=0, description="largest num_samples of one sample request")
     seed: int = Field(0, description="seed of the sampling engine's own stream")
 
+    @field_validator("model_dir")
+    @classmethod
+    def _folder(cls, folder: Path) -> Path:
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder} is no Hugging Face model folder (it has no config.json)")
+        return folder
+
     @field_validator("listen")
     @classmethod
     def _host_port(cls, address: str) -> str:
