@@ -2,8 +2,9 @@
 
 deploy/slurm/zerobubble.sbatch runs it once at the start of the job (and again when the job is requeued). The
 first node of the job serves the reward service and the buffer, the next `--trainer-nodes` nodes the trainer's
-ranks (torchrun, one rank per GPU), every other node a rollout worker; the environment service, where the templates
-have one, on the first node too. A node's address is the one Slurm reaches
+ranks (torchrun, one rank per GPU), every other node a rollout worker; the environment service and the teacher
+(on-policy distillation), where the templates have them, on the first node too (the teacher on its GPU, which the
+reward service and the buffer leave free). A node's address is the one Slurm reaches
 it at (NodeAddr), so the services' configs name the same network that Slurm's own traffic crosses. The user's
 config of each service is the template: the plan sets only what follows from the job (addresses, the run folder,
 the token, worker ids), checks every result against its service's schema, and writes the configs with a shell file
@@ -28,16 +29,19 @@ from zerobubble.common.config import ConfigError
 from zerobubble.environment.config import EnvironmentServiceConfig
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.teacher.config import TeacherServiceConfig
 from zerobubble.tooling.launcher.config import validated, write_yaml
 from zerobubble.trainer.config import TrainerServiceConfig
 
 SCHEMAS = {"reward": RewardServiceConfig, "buffer": BufferServiceConfig, "trainer": TrainerServiceConfig,
-           "rollout": RolloutServiceConfig, "environment": EnvironmentServiceConfig}
-# Started only where --configs has its template: a run without episodes needs no environment service.
-OPTIONAL = ("environment",)
+           "rollout": RolloutServiceConfig, "environment": EnvironmentServiceConfig, "teacher": TeacherServiceConfig}
+# Started only where --configs has its template: a run without episodes needs no environment service, one without
+# distillation no teacher.
+OPTIONAL = ("environment", "teacher")
 # The ports of deploy/hosts/, so that one firewall description fits both; torchrun's rendezvous is the trainer
 # head's TORCH_PORT.
-PORTS = {"reward": 50052, "buffer": 50053, "rollout": 50054, "trainer": 50055, "environment": 50056}
+PORTS = {"reward": 50052, "buffer": 50053, "rollout": 50054, "trainer": 50055, "environment": 50056,
+         "teacher": 50058}
 STORE_PORT = 29500
 TORCH_PORT = 29400
 PLAN_ENV = "plan.env"
@@ -136,13 +140,16 @@ def service_trees(plan: Plan, templates: dict[str, dict], run_dir: Path, token: 
         return {f"{section}.address": plan.address(service), f"{section}.auth_token_file": str(token)}
 
     head = plan.trainer_nodes[0]
+    distillation = client("teacher", "teacher") if "teacher" in templates else {}
     trees = {
         "reward": ("reward", tree("reward", plan.service_node, {})),
         "buffer": ("buffer", tree("buffer", plan.service_node, {"wal.directory": str(run_dir / "buffer-wal")})),
         "trainer": ("trainer", tree("trainer", head, {
             "run_dir": str(run_dir / "trainer"), "resume": True, "weight_sync.store_host": head.address,
-            "weight_sync.store_port": STORE_PORT, **client("buffer", "buffer")})),
+            "weight_sync.store_port": STORE_PORT, **client("buffer", "buffer"), **distillation})),
     }
+    if distillation:
+        trees["teacher"] = ("teacher", tree("teacher", plan.service_node, {}))
     episodes = {}
     if "environment" in templates:
         trees["environment"] = ("environment", tree("environment", plan.service_node, {}))
@@ -199,8 +206,12 @@ def write_plan(plan: Plan, templates: dict[str, dict], run_dir: Path, out: Path)
     the shell facts last. Returns the shell file's path."""
     token = write_token(out / TOKEN)
     trees = service_trees(plan, templates, run_dir, token)
-    for name, (service, tree) in trees.items():
-        validated(SCHEMAS[service], tree, f"{name} (from --configs {service}.yaml)")
+    configs = {name: validated(SCHEMAS[service], tree, f"{name} (from --configs {service}.yaml)")
+               for name, (service, tree) in trees.items()}
+    if "teacher" in configs and not configs["trainer"].algorithm.distillation_coef:
+        # A teacher the trainer would connect to and never ask: a template forgotten on one side.
+        raise ConfigError("--configs: teacher.yaml starts a teacher, but trainer.yaml's algorithm distils from none: "
+                          "set algorithm.distillation_coef (or preset DISTILL), or remove teacher.yaml")
     for name, (_service, tree) in trees.items():
         write_yaml(out / f"{name}.yaml", tree)
     (out / PLAN_ENV).write_text(shell_facts(plan, out, token))
@@ -222,7 +233,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("slurm-plan", help="inside a Slurm job: each node's service, address and config")
     parser.add_argument("--configs", type=Path, required=True,
                         help="folder of reward.yaml, buffer.yaml, trainer.yaml, rollout.yaml (and environment.yaml "
-                        "for episodes): the templates")
+                        "for episodes, teacher.yaml for distillation): the templates")
     parser.add_argument("--run-dir", type=Path, required=True, help="the run folder, on the shared file system")
     parser.add_argument("--trainer-nodes", type=int, default=1, help="nodes for the trainer's ranks (default 1)")
     parser.set_defaults(run=cmd_slurm_plan)

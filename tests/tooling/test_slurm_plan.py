@@ -1,15 +1,18 @@
 """`zerobubble slurm-plan` without a cluster: which node runs what, the configs it writes from deploy/slurm/configs
-(each loaded with its service's schema), the job's token, and the facts the batch script sources.
+(each loaded with its service's schema; the teacher's from deploy/slurm/teacher.yaml), the job's token, and the facts
+the batch script sources.
 tests/e2e/test_slurm_cluster.py runs it inside real Slurm jobs."""
 
 from __future__ import annotations
 
+import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from zerobubble.common.config import ConfigError, load_config
 from zerobubble.tooling.slurm_plan import (
@@ -24,6 +27,7 @@ from zerobubble.tooling.slurm_plan import (
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "deploy" / "slurm" / "configs"
+TEACHER_TEMPLATE = REPO / "deploy" / "slurm" / "teacher.yaml"  # copied into a configs folder to distil
 NODES = [Node(f"gpu{i:02d}", f"10.1.0.{i}") for i in range(1, 6)]
 
 
@@ -110,6 +114,49 @@ def test_without_an_environment_template_no_environment_service_runs(tmp_path):
     assert load_config(SCHEMAS["rollout"], out / "rollout-gpu03.yaml").environment is None
     script = (REPO / "deploy" / "slurm" / "zerobubble.sbatch").read_text()
     assert 'if [ -e "$ZB_PLAN/environment.yaml" ]; then' in script
+
+
+def distilling_templates(folder: Path) -> dict[str, dict]:
+    """The shipped configs, the teacher's template copied in and the trainer's distillation on, as the guide says."""
+    shutil.copytree(TEMPLATES, folder)
+    shutil.copy(TEACHER_TEMPLATE, folder / "teacher.yaml")
+    trainer = yaml.safe_load((folder / "trainer.yaml").read_text())
+    trainer["algorithm"]["distillation_coef"] = 0.5
+    (folder / "trainer.yaml").write_text(yaml.safe_dump(trainer))
+    return load_templates(folder)
+
+
+def test_the_shipped_configs_start_no_teacher(tmp_path):
+    out = tmp_path / "plan"
+    write_plan(assign(NODES[:3], 1, 0), load_templates(TEMPLATES), tmp_path, out)
+    assert not (out / "teacher.yaml").exists()
+    assert load_config(SCHEMAS["trainer"], out / "trainer.yaml").teacher is None
+    script = (REPO / "deploy" / "slurm" / "zerobubble.sbatch").read_text()
+    assert 'if [ -e "$ZB_PLAN/teacher.yaml" ]; then' in script
+    assert '"$ZB_PYTHON" -m zerobubble serve teacher --config "$ZB_PLAN/teacher.yaml" &' in script
+
+
+def test_with_a_teacher_template_the_first_node_serves_it_to_the_trainer(tmp_path):
+    out = tmp_path / "plan"
+    write_plan(assign(NODES[:4], 1, 4), distilling_templates(tmp_path / "configs"), tmp_path, out)
+    token = out / "token"
+    teacher = load_config(SCHEMAS["teacher"], out / "teacher.yaml")
+    assert teacher.server.listen == "10.1.0.1:50058" and teacher.server.metrics_host == "10.1.0.1"
+    assert teacher.server.auth_token_file == token
+    assert str(teacher.model.path) == "/shared/models/teacher", "what the template said stays"
+    trainer = load_config(SCHEMAS["trainer"], out / "trainer.yaml")
+    assert (trainer.teacher.address, trainer.teacher.auth_token_file) == ("10.1.0.1:50058", token)
+    assert trainer.algorithm.distillation_coef == 0.5
+    for node in ("gpu03", "gpu04"):
+        assert "teacher" not in yaml.safe_load((out / f"rollout-{node}.yaml").read_text()), "only the trainer calls it"
+
+
+def test_a_teacher_the_trainer_would_never_ask_fails_the_plan(tmp_path):
+    templates = distilling_templates(tmp_path / "configs")
+    del templates["trainer"]["algorithm"]["distillation_coef"]
+    with pytest.raises(ConfigError, match=r"teacher\.yaml starts a teacher.*algorithm\.distillation_coef"):
+        write_plan(assign(NODES[:3], 1, 0), templates, tmp_path, tmp_path / "plan")
+    assert not list((tmp_path / "plan").glob("*.yaml")), "no config is written when one is wrong"
 
 
 def test_a_template_mistake_fails_the_plan_naming_the_file_and_field(tmp_path):
