@@ -20,7 +20,7 @@ from compose_stack import HERE, IMAGE, REPO, Stack, run
 
 PROMPTS = 24
 HOSTS = {"reward": "10.0.0.2", "buffer": "10.0.0.3", "rollout-4": "10.0.0.4", "trainer": "10.0.0.5",
-         "rollout-6": "10.0.0.6", "environment": "10.0.0.7"}
+         "rollout-6": "10.0.0.6", "environment": "10.0.0.7", "teacher": "10.0.0.8"}
 WORKERS = ("rollout-4", "rollout-6")
 COMPOSE_FILE = HERE / "hosts.compose.yml"
 
@@ -77,9 +77,11 @@ def test_each_service_on_its_own_host_config_trains_to_the_last_step(hosts):
         return failed or hosts.state("trainer")[0] == "exited"
 
     hosts.wait_for(over, 900, "the trainer to finish")
-    # The environment host served on its own address with TLS (its health check), though no run here had episodes.
-    health = run(["docker", "inspect", "-f", "{{.State.Health.Status}}", hosts.container("environment")], timeout=30)
-    assert health.stdout.strip() == "healthy", hosts.logs("environment")[-3000:]
+    # The environment and teacher hosts served on their own addresses with TLS (their health checks), though no run
+    # here had episodes or distilled.
+    for service in ("environment", "teacher"):
+        health = run(["docker", "inspect", "-f", "{{.State.Health.Status}}", hosts.container(service)], timeout=30)
+        assert health.stdout.strip() == "healthy", hosts.logs(service)[-3000:]
     trainer_log = hosts.logs("trainer")
     assert hosts.state("trainer") == ("exited", 0), trainer_log[-4000:]
 
