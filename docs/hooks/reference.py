@@ -38,7 +38,7 @@ def configuration() -> str:
     schemas = [("zerobubble up", UpConfig)]
     for name in SERVICES:
         schemas.append((f"{name} service", importlib.import_module(f"zerobubble.{name}.app").CONFIG_SCHEMA))
-    schemas.append(("Tinker API front (python -m zerobubble.tooling.tinker)", TinkerServerConfig))
+    schemas.append(("Tinker API front (zerobubble tinker)", TinkerServerConfig))
     for title, schema in schemas:
         rows = [(f"`{name}`", f"`{default}`", doc) for name, default, doc in describe(schema)]
         parts += [f"## {title}", "", _table(("key", "default", "meaning"), rows), ""]

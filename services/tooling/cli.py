@@ -132,6 +132,7 @@ COMMANDS = {
     "slurm-plan": ("slurm_plan", "inside a Slurm job: each node's service, address and config"),
     "view": ("viewer.commands", "browse a run in a local web page: curves, rollouts, tokens, evaluations"),
     "front": ("front", "the HAProxy config before a service's gRPC port: per-peer limit, quiet connections closed"),
+    "tinker": ("tinker.command", "serve the Tinker training API over Zerobubble's trainer and engine"),
 }
 BENCHES = {
     "transport": ("bench.transport", "buffer push-to-pull throughput vs a Ray actor queue and a socket"),

@@ -40,7 +40,7 @@ def tinker_server(tmp_path_factory) -> Server:
                                       "max_pending_per_session": 16, "max_models": 24,
                                       "max_models_per_session": 16}))
     log = (folder / "server.log").open("w")
-    process = subprocess.Popen([sys.executable, "-m", "zerobubble.tooling.tinker", "--config", str(config)],
+    process = subprocess.Popen([sys.executable, "-m", "zerobubble", "tinker", "--config", str(config)],
                                env={**os.environ, "ZB_TINKER_TOKEN": TOKEN}, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://{listen}"
     try:
