@@ -40,7 +40,7 @@ class Garbage:
 
 class Huge:
     def reset(self, row): return None
-    def step(self, text): return {"observation": "x" * (16 * 1024 * 1024), "reward": 0.0, "done": False, "info": {}}
+    def step(self, text): return {"observation": "x" * (1024 * 1024), "reward": 0.0, "done": False, "info": {}}
 
 class NeverDone:
     def reset(self, row): return None
