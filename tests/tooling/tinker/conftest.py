@@ -13,13 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from tinker_data import MODEL, TOKEN
 
 from zerobubble.tooling.ports import free_port
 from zerobubble.tooling.tiny.model import make_tiny_model
-
-TOKEN = "tml-zerobubble-test-token"
-MODEL = "zerobubble/tiny-1m"
-DEADLINE = 120  # seconds any one client call may take
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,9 @@ import httpx
 import numpy as np
 import pytest
 import tinker
-from conftest import DEADLINE, MODEL, TOKEN
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
-from tinker_data import next_token_datum
+from tinker_data import DEADLINE, MODEL, TOKEN, next_token_datum
 
 pytestmark = pytest.mark.slow
 

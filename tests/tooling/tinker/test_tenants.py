@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import tinker
-from conftest import DEADLINE, MODEL, TOKEN
 from tinker import types
-from tinker_data import next_token_datum, target_logprobs
+from tinker_data import DEADLINE, MODEL, TOKEN, next_token_datum, target_logprobs
 
 pytestmark = pytest.mark.slow
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import DEADLINE, MODEL
 from tinker import types
-from tinker_data import next_token_datum, target_logprobs
+from tinker_data import DEADLINE, MODEL, next_token_datum, target_logprobs
 
 pytestmark = pytest.mark.slow
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from tinker import types
 
+TOKEN = "tml-zerobubble-test-token"
+MODEL = "zerobubble/tiny-1m"
+DEADLINE = 120  # seconds any one client call may take
+
 
 def next_token_datum(ids: list[int], **inputs) -> types.Datum:
     """Tinker's layout: input ids[:-1], each position's target the next id; `inputs` are the other loss inputs,
