@@ -88,6 +88,14 @@ class BearerToken(Schema):
         return token
 
 
+def host_port(value: str) -> str:
+    """`value` if it is HOST:PORT (port 0 to 65535), the rule of every address a service listens on."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return value
+
+
 def is_loopback(address: str) -> bool:
     """Whether HOST:PORT stays on this machine."""
     host = address.rpartition(":")[0].strip("[]")
@@ -163,10 +171,7 @@ class ServerConfig(BearerToken):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-            raise ValueError(f"expected HOST:PORT, got {value!r}")
-        return value
+        return host_port(value)
 
     def exposure(self, token: str | None) -> str | None:
         """What to warn about at start when other machines can reach this server: no token, or a token in clear."""

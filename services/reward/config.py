@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from zerobubble.common.config import Schema, ServerConfig
+from zerobubble.common.config import Schema, ServerConfig, host_port
 from zerobubble.common.sandbox.config import SandboxConfig
 from zerobubble.common.user_code import refuse_token_in_env
 
@@ -80,7 +80,7 @@ class HttpConfig(Schema):
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:
         # The rule of server.listen, so both listeners take the same addresses.
-        return value if value is None else ServerConfig._host_port(value)
+        return value if value is None else host_port(value)
 
 
 class CustomVerifierConfig(Schema):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError, field_validator
 
-from zerobubble.common.config import ConfigError, Schema
+from zerobubble.common.config import ConfigError, Schema, host_port
 
 HAPROXY = "haproxy"
 
@@ -48,10 +48,7 @@ class FrontConfig(Schema):
     @field_validator("listen", "backend")
     @classmethod
     def _host_port(cls, address: str) -> str:
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"{address!r} is not HOST:PORT")
-        return address
+        return host_port(address)
 
 
 def _ms(seconds: float) -> str:

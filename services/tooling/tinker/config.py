@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from zerobubble.common.config import BearerToken, Schema
+from zerobubble.common.config import BearerToken, Schema, host_port
 
 
 class TinkerServerConfig(Schema):
@@ -54,7 +54,4 @@ class TinkerServerConfig(Schema):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, address: str) -> str:
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"{address!r} is not HOST:PORT")
-        return address
+        return host_port(address)
