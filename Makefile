@@ -33,7 +33,7 @@ test: lint docs compose-tool slurm-tool front-tool
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# The lane for your own loop (about 3 minutes on 2 cores): units and single-service tests, spread over 4 workers
+# The lane for your own loop (about 6 minutes on 2 cores): units and single-service tests, spread over 4 workers
 # since most of them wait on sockets and processes; whole runs, benches, the fuzz soak and slow tests are left to
 # `make test` (the markers are set by folder in tests/conftest.py).
 FAST_LANE = not slow and not e2e and not bench and not fuzz
