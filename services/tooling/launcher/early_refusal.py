@@ -7,6 +7,7 @@ messages) is all there is. This check only refuses; anything it lets through is 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -91,6 +92,7 @@ def _cache_file() -> Path:
     return Path(root) / f"config-keys-{_code_fingerprint()}.json"
 
 
+@functools.cache
 def _code_fingerprint() -> str:
     """Every module of the package by name, size and modification time: any edit makes a new fingerprint."""
     package = Path(zerobubble.__file__).parent

@@ -71,7 +71,7 @@ class LoadState(Request):
     path: str
     optimizer: bool = False
     model_id: str | None = None           # load into this client
-    session_id: str | None = None         # or make a new client of this session from the checkpoint
+    session_id: str | None = None         # or make a new client, of the ServiceClient with this id, from it
     model_seq_id: int | None = Field(None, ge=0)
     base_model: str | None = None
 

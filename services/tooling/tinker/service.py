@@ -89,7 +89,8 @@ class TinkerService:
         self._check_session_room(session_id)
         model_id = f"{session_id}:train:{request.model_seq_id}"
         if model_id in self.models.models:
-            raise invalid("model_seq_id", f"{request.model_seq_id} is already a training client of this session")
+            raise invalid("model_seq_id",
+                          f"{request.model_seq_id} is already a training client of ServiceClient {session_id}")
         seed = request.lora_config.seed
         return self.futures.submit(session_id, lambda: self.models.create(model_id, session_id, lora, seed))
 
