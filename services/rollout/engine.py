@@ -112,6 +112,8 @@ class Sample:
             self.support = np.asarray(self.support, dtype=np.int32)
             if self.support.shape != self.token_ids.shape:
                 raise ValueError(f"support {self.support.shape} must match token_ids {self.token_ids.shape}")
+            if not self.support.any():
+                self.support = None   # 0 everywhere: the whole vocabulary, which None says
         if self.versions is not None:
             self.versions = np.asarray(self.versions, dtype=np.int64)
             if self.versions.shape != self.token_ids.shape:

@@ -60,11 +60,10 @@ def trajectory_sample(chain: dict, prefix_length: int, text: str) -> Sample:
     for i, version in enumerate(versions):
         current = version if version >= 0 else current
         versions[i] = current
-    support = [0] * len(head) + chain["support"]
     return Sample(token_ids=head + chain["response_ids"], logprobs=[0.0] * len(head) + chain["logprobs"],
                   finish_reason=chain["finish_reason"], text=text, versions=np.asarray(versions),
                   loss_mask=np.asarray([0] * len(head) + chain["loss_mask"], dtype=np.uint8),
-                  support=np.asarray(support) if any(support) else None)
+                  support=[0] * len(head) + chain["support"])
 
 
 def row_of(prompt: common_pb2.Prompt, ground_truth: bool = True) -> dict:

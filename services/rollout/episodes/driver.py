@@ -224,7 +224,7 @@ class EpisodeDriver:
                       finish_reason=FINISH_LENGTH if truncated else FINISH_STOP, text=episode.last_text,
                       loss_mask=np.asarray(episode.mask, dtype=np.uint8), episode=record,
                       versions=np.asarray(episode.versions, dtype=np.int64),
-                      support=np.asarray(episode.support, dtype=np.int32) if any(episode.support) else None)
+                      support=episode.support)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
