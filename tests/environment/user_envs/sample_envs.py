@@ -113,7 +113,8 @@ class Huge:
         return None
 
     def step(self, assistant_text):
-        return {"observation": "x" * (100 * 1024 * 1024), "reward": 0.0, "done": False, "info": {}}
+        # 16x limits.max_observation_bytes: a larger one only slows a loaded machine past the step's timeout
+        return {"observation": "x" * (1024 * 1024), "reward": 0.0, "done": False, "info": {}}
 
 
 class NeverDone:
