@@ -60,12 +60,12 @@ class StopStringWatch:
     def hits(self, steps: list[np.ndarray], rows: Iterable[int]) -> list[int]:
         """`steps`: the token of every row at each step so far."""
         tail = np.stack(steps[-self._window:], axis=1)
-        found = []
-        for row in rows:
-            text = self._tokenizer.decode(tail[row].tolist(), skip_special_tokens=True)
-            if any(s in text for s in self._stop):
-                found.append(row)
-        return found
+        return [row for row in rows if self.hit(tail[row].tolist())]
+
+    def hit(self, tokens: Sequence[int]) -> bool:
+        """Whether one response, its tokens so far, now contains a stop string."""
+        text = self._tokenizer.decode(list(tokens[-self._window:]), skip_special_tokens=True)
+        return any(s in text for s in self._stop)
 
     def cut(self, text: str) -> str:
         """The text up to the end of the earliest-ending stop string."""
@@ -97,6 +97,9 @@ class TransformersEngine:
         base_dir = adapter[0] if adapter else model_dir
         self.model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=self.dtype).to(self.device).eval()
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._seed = seed
+        self._batcher = None
+        self._batcher_lock = threading.Lock()
         self._eos_ids = torch.tensor(sorted(self._eos_token_ids()), dtype=torch.long, device=self.device)
         pad = self.tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else int(self._eos_ids[0])
@@ -244,7 +247,20 @@ class TransformersEngine:
                 self._adapters.forget()
             self.policy_version = version
 
+    def continuous(self):
+        """The engine's continuous batcher (rollout/continuous.py), started on first use: requests that join
+        and leave between decode steps, beside `generate`'s static batches."""
+        from zerobubble.rollout.continuous import ContinuousBatcher
+
+        with self._batcher_lock:
+            if self._batcher is None:
+                self._batcher = ContinuousBatcher(self, seed=self._seed)
+            return self._batcher
+
     def close(self) -> None:
+        with self._batcher_lock:
+            if self._batcher is not None:
+                self._batcher.close()
         self.model = None
         self._params = {}
         if self.device.type == "cuda":

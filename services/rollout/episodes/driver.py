@@ -1,7 +1,12 @@
 """Plays a batch of episodes turn by turn, token-in/token-out.
 
-Every live episode of the batch generates its next turn in one engine call (the first turn of a group's episodes
-as one prompt with n samples, as single-turn rows are), then every live episode steps its environment at once.
+With an engine that batches continuously (the transformers engine's `continuous()`), each episode runs a loop of
+its own: it asks for its next turn as soon as its own step returned, the engine takes the request between two
+decode steps of the others and keeps the episode's KV cache between its turns, so a slow environment delays only
+its own episode. With any other engine the episodes go in lockstep: every live episode's next turn in one engine
+call (the first turn of a group's episodes as one prompt with n samples, as single-turn rows are), then every live
+episode steps its environment at once.
+
 A response is the model's turns and the observations between them, as tokens: the model's exactly as sampled
 (loss mask 1, their behaviour log-probs), the observations as the chat template renders them (loss mask 0).
 """
@@ -14,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,13 +109,17 @@ def opening_messages(messages: list[dict], opening: str | list[dict] | None) -> 
 
 class EpisodeDriver:
     def __init__(self, sessions: EnvironmentSessions, renderer: TurnRenderer, spec: EpisodeSpec, *,
-                 max_new_tokens: int, parallel: int = 32):
+                 max_new_tokens: int, parallel: int = 32, loops: bool = True):
+        """`parallel`: environment calls at once, and episodes looping at once; `loops`: a loop per episode where
+        the engine batches continuously (False: lockstep with every engine)."""
         self.sessions = sessions
         self.renderer = renderer
         self.spec = spec
         self.max_new_tokens = max_new_tokens
         self.turn_tokens = min(spec.max_turn_tokens or max_new_tokens, max_new_tokens)
+        self.loops = loops
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="episode")
+        self._loops = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="episode-loop")
         self.timings = EpisodeTimings()
 
     def play(self, engine: Engine, prompts: Sequence[EpisodePrompt], sampling: SamplingSettings,
@@ -128,6 +137,15 @@ class EpisodeDriver:
 
     def _play(self, engine, prompts, sessions, sampling, at_turn):
         n = sampling.n
+        prompt_ids, episodes = self._first_contexts(prompts, sessions, n)
+        if self.loops and hasattr(engine, "continuous"):
+            self._play_loops(engine, episodes, sampling, at_turn)
+        else:
+            self._play_lockstep(engine, prompt_ids, episodes, sampling, at_turn)
+        return prompt_ids, [[self._sample(e) for e in episodes[i * n:(i + 1) * n]] for i in range(len(prompts))]
+
+    def _first_contexts(self, prompts, sessions, n) -> tuple[list[list[int]], list[_Live]]:
+        """Each prompt's ids (its environment's opening and tools rendered in) and its episodes."""
         prompt_ids, episodes = [], []
         for index, item in enumerate(prompts):
             group = sessions[index * n:(index + 1) * n]
@@ -140,7 +158,37 @@ class EpisodeDriver:
             ids = item.builder.fit(messages, opened[0].tools)
             prompt_ids.append(ids)
             episodes.extend(_Live(s, EpisodeRecord(item.route.environment), ids) for s in group)
+        return prompt_ids, episodes
 
+    def _play_loops(self, engine, episodes: list[_Live], sampling: SamplingSettings, at_turn) -> None:
+        batcher = engine.continuous()
+        turn = dataclasses.replace(sampling, n=1, max_new_tokens=self.turn_tokens)
+        loops = [self._loops.submit(self._loop, batcher, episode, turn, index, at_turn)
+                 for index, episode in enumerate(episodes)]
+        wait(loops)   # every loop ended before the sessions close, even when one failed
+        for loop in loops:
+            loop.result()
+
+    def _loop(self, batcher, episode: _Live, turn: SamplingSettings, index: int, at_turn) -> None:
+        """One episode to its end: a turn, its step, the next turn as soon as the step returned. Seeded runs
+        give each episode and turn a seed of its own, so episodes of one prompt differ and replay the same."""
+        try:
+            while not episode.ended:
+                if episode.record.turns and at_turn is not None:
+                    at_turn()
+                seed = None if turn.seed is None else \
+                    int(np.random.SeedSequence([turn.seed, index, episode.record.turns]).generate_state(1)[0])
+                room = self.max_new_tokens - len(episode.tokens)
+                own = dataclasses.replace(turn, seed=seed, max_new_tokens=min(self.turn_tokens, room))
+                sample = batcher.submit(episode.prefix + episode.tokens, own, key=id(episode)).result()
+                self._record_turn(episode, sample, sample.versions[-1])
+                self._end_if_failed(episode)
+                if not episode.ended:
+                    self._after_step(episode, self._step(episode))
+        finally:
+            batcher.forget(id(episode))
+
+    def _play_lockstep(self, engine, prompt_ids, episodes: list[_Live], sampling: SamplingSettings, at_turn) -> None:
         turn = dataclasses.replace(sampling, max_new_tokens=self.turn_tokens)
         first = self._generate(engine, prompt_ids, turn)
         self._take_turn(episodes, [s for per_prompt in first for s in per_prompt], engine.policy_version)
@@ -152,7 +200,6 @@ class EpisodeDriver:
                                         seed=None if turn.seed is None else turn.seed + live[0].record.turns)
             samples = self._generate(engine, [e.prefix + e.tokens for e in live], later)
             self._take_turn(live, [per_context[0] for per_context in samples], engine.policy_version)
-        return prompt_ids, [[self._sample(e) for e in episodes[i * n:(i + 1) * n]] for i in range(len(prompts))]
 
     def _generate(self, engine: Engine, contexts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         started = time.perf_counter()
@@ -170,25 +217,31 @@ class EpisodeDriver:
     def _take_turn(self, live: list[_Live], samples: list[Sample], version: int) -> None:
         """`version`: the engine's when the turn's call returned, for engines that do not say per token."""
         for episode, sample in zip(live, samples, strict=True):
-            room = self.max_new_tokens - len(episode.tokens)
-            ids, logprobs = sample.token_ids[:room], sample.logprobs[:room]
-            versions = sample.versions[:room] if sample.versions is not None else [version] * len(ids)
-            support = sample.support[:room] if sample.support is not None else None
-            episode.add(ids, logprobs, versions, sampled=True, support=support)
-            episode.record.turns += 1
-            episode.last_finish = sample.finish_reason if len(ids) == len(sample.token_ids) else FINISH_LENGTH
-            episode.last_text = sample.text if len(ids) == len(sample.token_ids) else \
-                self.renderer.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
-        for episode in live:
-            if episode.session.failed:
-                episode.record.ended_reason = episode.session.failed
-                episode.record.error = episode.session.error
+            self._record_turn(episode, sample, version)
+            self._end_if_failed(episode)
         stepping = [e for e in live if not e.ended]
         started = time.perf_counter()
         outcomes = list(self._pool.map(self._step, stepping))
         self.timings.environment_seconds += time.perf_counter() - started
         for episode, outcome in zip(stepping, outcomes, strict=True):
             self._after_step(episode, outcome)
+
+    def _record_turn(self, episode: _Live, sample: Sample, version: int) -> None:
+        room = self.max_new_tokens - len(episode.tokens)
+        ids, logprobs = sample.token_ids[:room], sample.logprobs[:room]
+        versions = sample.versions[:room] if sample.versions is not None else [version] * len(ids)
+        support = sample.support[:room] if sample.support is not None else None
+        episode.add(ids, logprobs, versions, sampled=True, support=support)
+        episode.record.turns += 1
+        episode.last_finish = sample.finish_reason if len(ids) == len(sample.token_ids) else FINISH_LENGTH
+        episode.last_text = sample.text if len(ids) == len(sample.token_ids) else \
+            self.renderer.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+
+    @staticmethod
+    def _end_if_failed(episode: _Live) -> None:
+        if episode.session.failed:
+            episode.record.ended_reason = episode.session.failed
+            episode.record.error = episode.session.error
 
     def _after_step(self, episode: _Live, outcome: StepOutcome) -> None:
         record = episode.record
@@ -227,4 +280,5 @@ class EpisodeDriver:
                       support=episode.support)
 
     def close(self) -> None:
+        self._loops.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)

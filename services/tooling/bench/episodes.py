@@ -1,12 +1,20 @@
 """`zerobubble bench episodes`: what turns cost. Multi-turn episodes played through a real environment service
-(a user's environment class from a folder of its own, each episode in its own process) against the same number
-of tokens generated single-turn by the same engine in the same run: episodes/s, generated tokens/s of each, the
-environment's step latency (p50, p99) and the share of the episodes' time the engine waited for environments."""
+(a user's environment class from a folder of its own, each episode in its own process), each schedule against the
+same number of tokens generated single-turn by the same engine in the same run:
+
+- lockstep: every live episode's next turn in one engine call, then every episode's step;
+- loops: a loop per episode over the engine's continuous batcher, which keeps each episode's KV cache between turns.
+
+Then the same two schedules with an environment whose steps take a seeded 10 to 500 ms: episodes/s of each.
+Printed: tokens/s of each beside single-turn, episodes/s, the environment's step latency (p50, p99), the share of
+the time the engine idled, and the KV cache an episode holds between its turns."""
 
 from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -14,34 +22,49 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-from zerobubble.common.config import ClientConfig, load_config
+from zerobubble.common.config import ClientConfig
 from zerobubble.common.episodes import EpisodeSpec
-from zerobubble.environment.app import build as build_environment
-from zerobubble.environment.config import EnvironmentServiceConfig
 from zerobubble.rollout.engine import SamplingSettings
 from zerobubble.rollout.engine_transformers import TransformersEngine
 from zerobubble.rollout.episodes.driver import EpisodeDriver, EpisodePrompt
 from zerobubble.rollout.episodes.remote import RemoteSessions
 from zerobubble.rollout.episodes.render import TurnRenderer
 from zerobubble.rollout.prompting import PromptBuilder
+from zerobubble.tooling.bench import stop_service
 from zerobubble.tooling.tiny.model import SIZES, make_tiny_model
 from zerobubble.v1 import common_pb2
 
 # Answers every turn with a short observation until the episode has had its turns: the turns' cost, not a task's.
+# SlowTurns sleeps a seeded 10 to 500 ms a step (seeded by the prompt and the step: a tool's varying latency).
 ENVIRONMENT = '''
+import random
+import time
+
+
 class Turns:
+    delay = False
+
     def __init__(self, turns=4):
-        self.turns, self.seen = turns, 0
+        self.turns, self.seen, self.prompt = turns, 0, ""
 
     def reset(self, row):
+        self.prompt = row["prompt_id"]
         return None
 
     def step(self, assistant_text):
         self.seen += 1
+        if self.delay:
+            time.sleep(random.Random(f"{self.prompt}-{self.seen}").uniform(0.01, 0.5))
         done = self.seen >= self.turns
         return {"observation": None if done else f"turn {self.seen} seen", "reward": 0.0, "done": done, "info": {}}
+
+
+class SlowTurns(Turns):
+    delay = True
 '''
+SCHEDULES = ("lockstep", "loops")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -57,70 +80,125 @@ def bench_episodes(*, prompts: int = 8, samples: int = 4, turns: int = 4, turn_t
         model = make_tiny_model(folder / "model", size=model_size)
         (folder / "envs").mkdir()
         (folder / "envs" / "bench_turns.py").write_text(textwrap.dedent(ENVIRONMENT))
-        service = build_environment(load_config(EnvironmentServiceConfig, None, {
-            "server.listen": "127.0.0.1:0", "server.metrics_port": None,
-            "environments": [{"name": "turns", "environment": "bench_turns:Turns", "path": str(folder / "envs")}],
-        })).start()
+        envs = str(folder / "envs")
+        config = folder / "environment.yaml"
+        config.write_text(yaml.safe_dump({
+            "server": {"listen": "127.0.0.1:0", "metrics_port": None},
+            "environments": [{"name": "turns", "environment": "bench_turns:Turns", "path": envs},
+                             {"name": "slow", "environment": "bench_turns:SlowTurns", "path": envs}]}))
+        # A process of its own, as deployed: its threads do not share the engine's interpreter.
+        service = subprocess.Popen([sys.executable, "-m", "zerobubble", "serve", "environment", "--config",
+                                    str(config)], stdout=subprocess.PIPE, text=True)
         engine = TransformersEngine(model, seed=0)
         try:
-            return _measure(engine, service.address, prompts=prompts, samples=samples, turns=turns,
+            address = json.loads(service.stdout.readline())["address"]
+            return _measure(engine, address, prompts=prompts, samples=samples, turns=turns,
                             turn_tokens=turn_tokens, rounds=rounds) | {"model_size": model_size, "threads": threads}
         finally:
             engine.close()
-            service.stop(0)
+            stop_service(service)
+
+
+class _Schedules:
+    """The two schedules' drivers over one environment service, with the prompts they play."""
+
+    def __init__(self, engine, address: str, *, prompts: int, turns: int, turn_tokens: int):
+        self.engine = engine
+        self.spec = EpisodeSpec(default={"environment": "turns"}, max_turns=turns, max_turn_tokens=turn_tokens)
+        # Room for every turn and observation: the episodes end when the environment says so.
+        budget = turns * (turn_tokens + 64)
+        sessions = RemoteSessions(ClientConfig(address=address))
+        renderer = TurnRenderer(engine.tokenizer, self.spec.max_observation_tokens)
+        self.drivers = {name: EpisodeDriver(sessions, renderer, self.spec, max_new_tokens=budget,
+                                            loops=name == "loops") for name in SCHEDULES}
+        self.builder = PromptBuilder(engine.tokenizer, "", 64)
+        self.count = prompts
+
+    def items(self, environment: str) -> list[EpisodePrompt]:
+        route = self.spec.route(None).model_copy(update={"environment": environment})
+        return [EpisodePrompt(common_pb2.Prompt(prompt_id=str(i), messages_json=json.dumps(
+            [{"role": "user", "content": f"{i}+{i % 7}="}])), route, self.builder) for i in range(self.count)]
+
+    def play(self, name: str, environment: str, sampling: SamplingSettings) -> dict[str, Any]:
+        driver = self.drivers[name]
+        driver.timings.engine_seconds = 0.0
+        driver.timings.step_seconds.clear()
+        busy = self.engine.continuous().stats.busy_seconds
+        started = time.perf_counter()
+        _, played = driver.play(self.engine, self.items(environment), sampling)
+        seconds = time.perf_counter() - started
+        engine_seconds = driver.timings.engine_seconds if name == "lockstep" else \
+            self.engine.continuous().stats.busy_seconds - busy
+        samples = [s for per_prompt in played for s in per_prompt]
+        return {"seconds": seconds, "episodes": len(samples), "model_tokens": sum(int(s.loss_mask.sum())
+                                                                                 for s in samples),
+                "turns_mean": statistics.mean(s.episode.turns for s in samples), "engine_seconds": engine_seconds,
+                "steps": list(driver.timings.step_seconds)}
+
+    def close(self) -> None:
+        for driver in self.drivers.values():
+            driver.close()
 
 
 def _measure(engine, address: str, *, prompts: int, samples: int, turns: int, turn_tokens: int,
              rounds: int) -> dict[str, Any]:
-    spec = EpisodeSpec(default={"environment": "turns"}, max_turns=turns, max_turn_tokens=turn_tokens)
-    # Room for every turn and observation: the episodes end when the environment says so.
-    budget = turns * (turn_tokens + 64)
-    sessions = RemoteSessions(ClientConfig(address=address))
-    driver = EpisodeDriver(sessions, TurnRenderer(engine.tokenizer, spec.max_observation_tokens), spec,
-                           max_new_tokens=budget)
-    builder = PromptBuilder(engine.tokenizer, "", 64)
-    items = [EpisodePrompt(common_pb2.Prompt(prompt_id=str(i), messages_json=json.dumps(
-        [{"role": "user", "content": f"{i}+{i % 7}="}])), spec.default, builder) for i in range(prompts)]
-    ids = [builder.build(item.prompt.messages_json) for item in items]
+    schedules = _Schedules(engine, address, prompts=prompts, turns=turns, turn_tokens=turn_tokens)
+    ids = [schedules.builder.build(item.prompt.messages_json) for item in schedules.items("turns")]
     sampling = SamplingSettings(n=samples, temperature=1.0, max_new_tokens=turn_tokens, seed=0)
-    driver.play(engine, items[:1], SamplingSettings(n=1, temperature=1.0, max_new_tokens=4, seed=0))   # warm up
-    multi, single = [], []
-    for round_index in range(rounds):
-        driver.timings.engine_seconds = driver.timings.environment_seconds = 0.0
-        driver.timings.step_seconds.clear()
-        started = time.perf_counter()
-        _, played = driver.play(engine, items, sampling)
-        seconds = time.perf_counter() - started
-        model_tokens = sum(int(s.loss_mask.sum()) for per_prompt in played for s in per_prompt)
-        episodes = sum(len(per_prompt) for per_prompt in played)
-        multi.append({"seconds": seconds, "episodes": episodes, "model_tokens": model_tokens,
-                      "turns_mean": statistics.mean(s.episode.turns for p in played for s in p),
-                      "engine_seconds": driver.timings.engine_seconds,
-                      "environment_seconds": driver.timings.environment_seconds,
-                      "steps": list(driver.timings.step_seconds)})
-        # The same number of model tokens in one turn per sample: the engine without episodes around it.
-        per_sample = max(1, round(model_tokens / episodes))
-        started = time.perf_counter()
-        out = engine.generate(ids, SamplingSettings(n=samples, temperature=1.0, max_new_tokens=per_sample,
-                                                    seed=round_index))
-        single.append({"seconds": time.perf_counter() - started,
-                       "tokens": sum(len(s.token_ids) for per_prompt in out for s in per_prompt)})
-    steps = [x for run in multi for x in run["steps"]]
-    multi_rate = sum(r["model_tokens"] for r in multi) / sum(r["seconds"] for r in multi)
-    single_rate = sum(r["tokens"] for r in single) / sum(r["seconds"] for r in single)
-    waited = sum(r["environment_seconds"] for r in multi)
-    return {
-        "episodes": sum(r["episodes"] for r in multi), "turns_mean": round(statistics.mean(r["turns_mean"]
-                                                                                           for r in multi), 2),
-        "episodes_per_s": round(sum(r["episodes"] for r in multi) / sum(r["seconds"] for r in multi), 2),
-        "multi_turn_tokens_per_s": round(multi_rate, 1),
-        "single_turn_tokens_per_s": round(single_rate, 1),
-        "multi_vs_single": round(multi_rate / single_rate, 3),
-        "step_latency_ms_p50": round(1000 * percentile(steps, 0.5), 2),
-        "step_latency_ms_p99": round(1000 * percentile(steps, 0.99), 2),
-        "environment_wait_fraction": round(waited / (waited + sum(r["engine_seconds"] for r in multi)), 3),
-        "prompts": len(items), "samples": sampling.n, "turns": turns, "turn_tokens": turn_tokens, "rounds": rounds,
+    warm_up = SamplingSettings(n=1, temperature=1.0, max_new_tokens=4, seed=0)
+    for name in SCHEDULES:
+        schedules.play(name, "turns", warm_up)
+    runs: dict[str, list[dict]] = {name: [] for name in SCHEDULES}
+    single: list[dict] = []
+    kept = engine.continuous().kept
+    kept_bytes, kept_episodes = 0, 0
+    try:
+        for round_index in range(rounds):
+            for name in SCHEDULES:
+                runs[name].append(schedules.play(name, "turns", sampling))
+                if name == "loops":
+                    kept_bytes, kept_episodes = max((kept.peak_bytes, kept.peak_entries), (kept_bytes, kept_episodes))
+            # The same number of model tokens in one turn per sample: the engine without episodes around it.
+            model_tokens = runs["loops"][-1]["model_tokens"]
+            per_sample = max(1, round(model_tokens / runs["loops"][-1]["episodes"]))
+            started = time.perf_counter()
+            out = engine.generate(ids, SamplingSettings(n=samples, temperature=1.0, max_new_tokens=per_sample,
+                                                        seed=round_index))
+            single.append({"seconds": time.perf_counter() - started,
+                           "tokens": sum(len(s.token_ids) for per_prompt in out for s in per_prompt)})
+        slow = {name: schedules.play(name, "slow", sampling) for name in SCHEDULES}
+    finally:
+        schedules.close()
+
+    def rate(items: list[dict], what: str) -> float:
+        return sum(r[what] for r in items) / sum(r["seconds"] for r in items)
+
+    single_rate = rate(single, "tokens")
+    figures: dict[str, Any] = {"single_turn_tokens_per_s": round(single_rate, 1)}
+    for name in SCHEDULES:
+        multi = runs[name]
+        steps = [x for run in multi for x in run["steps"]]
+        figures[name] = {
+            "episodes": sum(r["episodes"] for r in multi),
+            "turns_mean": round(statistics.mean(r["turns_mean"] for r in multi), 2),
+            "episodes_per_s": round(rate(multi, "episodes"), 2),
+            "tokens_per_s": round(rate(multi, "model_tokens"), 1),
+            "vs_single_turn": round(rate(multi, "model_tokens") / single_rate, 3),
+            "step_latency_ms_p50": round(1000 * percentile(steps, 0.5), 2),
+            "step_latency_ms_p99": round(1000 * percentile(steps, 0.99), 2),
+            "engine_idle_fraction": round(1 - sum(r["engine_seconds"] for r in multi) /
+                                          sum(r["seconds"] for r in multi), 3),
+            "slow_steps_episodes_per_s": round(rate([slow[name]], "episodes"), 2),
+        }
+    figures |= {
+        "loops_vs_lockstep_tokens": round(figures["loops"]["tokens_per_s"] / figures["lockstep"]["tokens_per_s"], 3),
+        "loops_vs_lockstep_slow_steps": round(figures["loops"]["slow_steps_episodes_per_s"] /
+                                              figures["lockstep"]["slow_steps_episodes_per_s"], 3),
+        # Held between an episode's turns, at the most episodes kept at once.
+        "kv_kept_bytes_per_episode": round(kept_bytes / kept_episodes) if kept_episodes else 0,
+        "prompts": prompts, "samples": samples, "turns": turns, "turn_tokens": turn_tokens, "rounds": rounds,
     }
+    return figures
 
 
 def register_bench(benches) -> None:
