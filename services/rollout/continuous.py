@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from zerobubble.rollout.engine import FINISH_LENGTH, FINISH_STOP, Sample, SamplingSettings
 from zerobubble.rollout.engine_transformers import StopStringWatch, processed_logprobs
@@ -315,12 +315,13 @@ class ContinuousBatcher:
     def _join(self, admitted: list[_Request], kv: KV, mask: torch.Tensor) -> None:
         """The admitted requests' cache into the batch's, right-aligned at the wider of the two."""
         if self._cache is None:
-            self._cache, self._mask = DynamicCache(ddp_cache_data=kv), mask
+            self._cache, self._mask = DynamicCache(), mask
+            self._cache.layers = [_GrowingLayer(keys, values) for keys, values in kv]
         else:
             width = max(mask.shape[1], self._mask.shape[1])
             for layer, (keys, values) in zip(self._cache.layers, kv, strict=True):
-                layer.keys = torch.cat([_left_pad(layer.keys, width), _left_pad(keys, width)])
-                layer.values = torch.cat([_left_pad(layer.values, width), _left_pad(values, width)])
+                layer.hold(torch.cat([_left_pad(layer.keys, width), _left_pad(keys, width)]),
+                           torch.cat([_left_pad(layer.values, width), _left_pad(values, width)]))
             self._mask = torch.cat([F.pad(self._mask, (width - self._mask.shape[1], 0)),
                                     F.pad(mask, (width - mask.shape[1], 0))])
         self._running.extend(admitted)
@@ -346,8 +347,7 @@ class ContinuousBatcher:
             mask = self._mask[index]
             unused = int(mask.any(dim=0).long().argmax())   # columns before every remaining row's first position
             for layer in self._cache.layers:
-                layer.keys = layer.keys[index, :, unused:]
-                layer.values = layer.values[index, :, unused:]
+                layer.hold(layer.keys[index, :, unused:], layer.values[index, :, unused:])
             self._mask = mask[:, unused:]
         for request in done:
             request.future.set_result(self._sample(request))
@@ -376,3 +376,36 @@ class ContinuousBatcher:
 def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
     """[batch, heads, positions, head_dim] with zeros before the positions, up to `width`."""
     return F.pad(tensor, (0, 0, width - tensor.shape[-2], 0))
+
+
+class _GrowingLayer(DynamicLayer):
+    """A cache layer whose keys and values are written into spare room at each step: HF's DynamicLayer copies the
+    whole cache at every step (torch.cat), and with many long episodes in a batch that copy is a step's cost."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.hold(keys, values)
+
+    def hold(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Take these keys and values (every row and position) into a fresh buffer with room to grow."""
+        length = keys.shape[-2]
+        room = length + max(64, length // 2)
+        self._keys = keys.new_empty((*keys.shape[:2], room, keys.shape[3]))
+        self._values = values.new_empty((*values.shape[:2], room, values.shape[3]))
+        self._keys[:, :, :length] = keys
+        self._values[:, :, :length] = values
+        self._length = length
+        self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self._length + key_states.shape[-2]
+        if end > self._keys.shape[-2]:
+            self.hold(torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2))
+        else:
+            self._keys[:, :, self._length:end] = key_states
+            self._values[:, :, self._length:end] = value_states
+            self._length = end
+            self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values

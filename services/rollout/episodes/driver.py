@@ -127,47 +127,58 @@ class EpisodeDriver:
         """Each prompt's ids (with its environment's opening and tools) and its `sampling.n` episodes. Turns are
         as long as the episode limits allow, whatever `sampling.max_new_tokens` says. `at_turn` is called before
         every turn after the first (where the run takes new weights between turns)."""
-        sessions = list(self._pool.map(
-            lambda item: self.sessions.open(item[0].route.environment, row_of(item[0].prompt)),
-            [(p, i) for p in prompts for i in range(sampling.n)]))
+        if self.loops and hasattr(engine, "continuous"):
+            return self._play_loops(engine, prompts, sampling, at_turn)
+        n = sampling.n
+        sessions = list(self._pool.map(self._open, [p for p in prompts for _ in range(n)]))
         try:
-            return self._play(engine, prompts, sessions, sampling, at_turn)
+            groups = [self._group(item, sessions[i * n:(i + 1) * n]) for i, item in enumerate(prompts)]
+            self._play_lockstep(engine, [ids for ids, _ in groups], [e for _, group in groups for e in group],
+                                sampling, at_turn)
+            return [ids for ids, _ in groups], [[self._sample(e) for e in group] for _, group in groups]
         finally:
             list(self._pool.map(self.sessions.close, [s.episode_id for s in sessions if not s.failed]))
 
-    def _play(self, engine, prompts, sessions, sampling, at_turn):
-        n = sampling.n
-        prompt_ids, episodes = self._first_contexts(prompts, sessions, n)
-        if self.loops and hasattr(engine, "continuous"):
-            self._play_loops(engine, episodes, sampling, at_turn)
-        else:
-            self._play_lockstep(engine, prompt_ids, episodes, sampling, at_turn)
-        return prompt_ids, [[self._sample(e) for e in episodes[i * n:(i + 1) * n]] for i in range(len(prompts))]
+    def _open(self, item: EpisodePrompt) -> Opening:
+        return self.sessions.open(item.route.environment, row_of(item.prompt))
 
-    def _first_contexts(self, prompts, sessions, n) -> tuple[list[list[int]], list[_Live]]:
-        """Each prompt's ids (its environment's opening and tools rendered in) and its episodes."""
-        prompt_ids, episodes = [], []
-        for index, item in enumerate(prompts):
-            group = sessions[index * n:(index + 1) * n]
-            opened = [s for s in group if not s.failed] or [Opening("", None)]
-            # A group compares answers to one prompt: its first episode's opening is the prompt of all of them.
-            if any(s.opening != opened[0].opening for s in opened[1:]):
-                log.warning("environment %s opened the episodes of prompt %s differently; the first opening is "
-                            "the group's prompt", item.route.environment, item.prompt.prompt_id)
-            messages = opening_messages(item.builder.messages(item.prompt.messages_json), opened[0].opening)
-            ids = item.builder.fit(messages, opened[0].tools)
-            prompt_ids.append(ids)
-            episodes.extend(_Live(s, EpisodeRecord(item.route.environment), ids) for s in group)
-        return prompt_ids, episodes
+    def _group(self, item: EpisodePrompt, sessions: list[Opening]) -> tuple[list[int], list[_Live]]:
+        """A prompt's ids (its environment's opening and tools rendered in) and its episodes."""
+        opened = [s for s in sessions if not s.failed] or [Opening("", None)]
+        # A group compares answers to one prompt: its first episode's opening is the prompt of all of them.
+        if any(s.opening != opened[0].opening for s in opened[1:]):
+            log.warning("environment %s opened the episodes of prompt %s differently; the first opening is "
+                        "the group's prompt", item.route.environment, item.prompt.prompt_id)
+        messages = opening_messages(item.builder.messages(item.prompt.messages_json), opened[0].opening)
+        ids = item.builder.fit(messages, opened[0].tools)
+        return ids, [_Live(s, EpisodeRecord(item.route.environment), ids) for s in sessions]
 
-    def _play_loops(self, engine, episodes: list[_Live], sampling: SamplingSettings, at_turn) -> None:
+    def _play_loops(self, engine, prompts: Sequence[EpisodePrompt], sampling: SamplingSettings, at_turn):
+        """A group's loops start as soon as its episodes are open, and each episode closes when its loop ends."""
         batcher = engine.continuous()
         turn = dataclasses.replace(sampling, n=1, max_new_tokens=self.turn_tokens)
-        loops = [self._loops.submit(self._loop, batcher, episode, turn, index, at_turn)
-                 for index, episode in enumerate(episodes)]
-        wait(loops)   # every loop ended before the sessions close, even when one failed
+        opening = [[self._pool.submit(self._open, item) for _ in range(sampling.n)] for item in prompts]
+        groups, loops = [], []
+        try:
+            for item, futures in zip(prompts, opening, strict=True):
+                ids, episodes = self._group(item, [f.result() for f in futures])
+                groups.append((ids, episodes))
+                loops.extend(self._loops.submit(self._loop, batcher, episode, turn, len(loops), at_turn)
+                             for episode in episodes)
+        except BaseException:
+            # The loops close their own sessions; those of the groups not looping yet are closed here.
+            looping = {id(e.session) for _, group in groups for e in group}
+            for future in [f for futures in opening for f in futures]:
+                if not future.cancel() and future.exception() is None:
+                    opened = future.result()
+                    if id(opened) not in looping and not opened.failed:
+                        self.sessions.close(opened.episode_id)
+            raise
+        finally:
+            wait(loops)   # every loop has ended, even when one failed
         for loop in loops:
             loop.result()
+        return [ids for ids, _ in groups], [[self._sample(e) for e in group] for _, group in groups]
 
     def _loop(self, batcher, episode: _Live, turn: SamplingSettings, index: int, at_turn) -> None:
         """One episode to its end: a turn, its step, the next turn as soon as the step returned. Seeded runs
@@ -187,6 +198,8 @@ class EpisodeDriver:
                     self._after_step(episode, self._step(episode))
         finally:
             batcher.forget(id(episode))
+            if not episode.session.failed:
+                self.sessions.close(episode.session.episode_id)
 
     def _play_lockstep(self, engine, prompt_ids, episodes: list[_Live], sampling: SamplingSettings, at_turn) -> None:
         turn = dataclasses.replace(sampling, max_new_tokens=self.turn_tokens)
