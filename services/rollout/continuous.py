@@ -130,11 +130,13 @@ class BatcherStats:
 
 
 class ContinuousBatcher:
-    def __init__(self, engine, *, seed: int = 0, max_batch: int = 64, max_kept_tokens: int = 1 << 16):
+    def __init__(self, engine, *, seed: int = 0, max_batch: int | None = None, max_kept_tokens: int = 1 << 16):
+        """`max_batch`: requests running at once (None: the engine's max_batch_size, else 256); `max_kept_tokens`:
+        what the kept caches may hold together."""
         self._engine = engine
         self._device = engine.device
         self._eos = {int(t) for t in engine._eos_ids.tolist()}
-        self.max_batch = max_batch
+        self.max_batch = max_batch or engine.max_batch_size or 256
         self.kept = KeptCaches(max_kept_tokens)
         self.stats = BatcherStats()
         self._seeds = random.Random(seed)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ from zerobubble.rollout.prompting import PromptBuilder
 from zerobubble.v1 import common_pb2
 
 log = logging.getLogger(__name__)
+LOOPS_AT_ONCE = 4096
 
 
 @dataclass
@@ -110,8 +112,8 @@ def opening_messages(messages: list[dict], opening: str | list[dict] | None) -> 
 class EpisodeDriver:
     def __init__(self, sessions: EnvironmentSessions, renderer: TurnRenderer, spec: EpisodeSpec, *,
                  max_new_tokens: int, parallel: int = 32, loops: bool = True):
-        """`parallel`: environment calls at once, and episodes looping at once; `loops`: a loop per episode where
-        the engine batches continuously (False: lockstep with every engine)."""
+        """`parallel`: environment calls at once; `loops`: a loop per episode where the engine batches
+        continuously (False: lockstep with every engine)."""
         self.sessions = sessions
         self.renderer = renderer
         self.spec = spec
@@ -119,7 +121,10 @@ class EpisodeDriver:
         self.turn_tokens = min(spec.max_turn_tokens or max_new_tokens, max_new_tokens)
         self.loops = loops
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="episode")
-        self._loops = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="episode-loop")
+        # Every episode of a batch loops at once (a thread each, started as needed), as every one of them is in
+        # a lockstep batch; the engine's batcher bounds the requests it runs together.
+        self._loops = ThreadPoolExecutor(max_workers=LOOPS_AT_ONCE, thread_name_prefix="episode-loop")
+        self._stepping = threading.BoundedSemaphore(parallel)
         self.timings = EpisodeTimings()
 
     def play(self, engine: Engine, prompts: Sequence[EpisodePrompt], sampling: SamplingSettings,
@@ -195,7 +200,9 @@ class EpisodeDriver:
                 self._record_turn(episode, sample, sample.versions[-1])
                 self._end_if_failed(episode)
                 if not episode.ended:
-                    self._after_step(episode, self._step(episode))
+                    with self._stepping:
+                        outcome = self._step(episode)
+                    self._after_step(episode, outcome)
         finally:
             batcher.forget(id(episode))
             if not episode.session.failed:
