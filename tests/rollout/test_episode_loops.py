@@ -67,9 +67,9 @@ def engine(varied_model):
     engine.close()
 
 
-def play(engine, environments, *, count=2, at_turn=None, sampling=SAMPLING):
-    spec = EpisodeSpec(default=ROUTE, max_turn_tokens=8)
-    driver = EpisodeDriver(environments, TurnRenderer(engine.tokenizer, 64), spec, max_new_tokens=200)
+def play(engine, environments, *, count=2, at_turn=None, sampling=SAMPLING, max_new_tokens=200, max_turns=64):
+    spec = EpisodeSpec(default=ROUTE, max_turn_tokens=8, max_turns=max_turns)
+    driver = EpisodeDriver(environments, TurnRenderer(engine.tokenizer, 64), spec, max_new_tokens=max_new_tokens)
     builder = PromptBuilder(engine.tokenizer, "", 64)
     items = [EpisodePrompt(common_pb2.Prompt(prompt_id=f"p{i}", messages_json=json.dumps(
         [{"role": "user", "content": f"{i}+1="}])), spec.default, builder) for i in range(count)]
@@ -134,3 +134,42 @@ def test_weights_taken_before_an_episodes_later_turn_are_the_versions_of_its_tok
         versions = sample.versions[model]
         first_turn = int(np.argmax(versions > 0))
         assert first_turn > 0 and (versions[:first_turn] == 0).all() and (versions[first_turn:] >= 1).all()
+
+
+class Closing(Environments):
+    """Records closes, and lets the test know when the first step has come."""
+
+    def __init__(self):
+        super().__init__(turns=10 ** 6)   # episodes that go on until the engine closes
+        self.closed: list[str] = []
+        self.stepped = threading.Event()
+
+    def step(self, episode_id, assistant_text):
+        self.stepped.set()
+        return super().step(episode_id, assistant_text)
+
+    def close(self, episode_id):
+        with self.lock:
+            self.closed.append(episode_id)
+
+
+def test_closing_the_engine_mid_play_ends_every_loop_and_closes_every_episode(varied_model):
+    from zerobubble.rollout.continuous import BatcherClosed
+
+    engine = TransformersEngine(varied_model, seed=0)
+    environments = Closing()
+    outcome = {}
+
+    def playing():
+        try:
+            play(engine, environments, count=3, max_new_tokens=10 ** 6, max_turns=10 ** 6)
+        except BaseException as exc:   # what the worker's play would see
+            outcome["error"] = exc
+    thread = threading.Thread(target=playing)
+    thread.start()
+    assert environments.stepped.wait(60)
+    engine.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert isinstance(outcome.get("error"), BatcherClosed)
+    assert sorted(environments.closed) == sorted(environments.steps) and len(environments.closed) == 6
