@@ -12,7 +12,7 @@ from pathlib import Path
 
 from zerobubble.common.data_spec import DataSpec
 from zerobubble.rollout.prompting import system_prompt
-from zerobubble.tooling.launcher.config import UpConfig
+from zerobubble.tooling.launcher.config import TinyModel, UpConfig
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,7 @@ class RunAssets:
     model: Path
     train: Path
     eval: Path | None
+    teacher: Path | None = None   # a teacher made here (tiny_teacher)
 
 
 def prepare_assets(config: UpConfig, cache: Path) -> RunAssets:
@@ -39,8 +40,11 @@ def prepare_assets(config: UpConfig, cache: Path) -> RunAssets:
         held_out = held_out or task_dir / "eval.jsonl"
     model = config.model
     if model is None:
-        model = _tiny_model(config, train, cache)
-    return RunAssets(model=model, train=train, eval=held_out)
+        model = _tiny_model(config, config.tiny_model, train, cache)
+    teacher = None
+    if config.tiny_teacher is not None and not (config.teacher.get("model") or {}).get("path"):
+        teacher = _tiny_model(config, config.tiny_teacher, train, cache)
+    return RunAssets(model=model, train=train, eval=held_out, teacher=teacher)
 
 
 def _task_rows(config: UpConfig, train: Path, path: Path) -> Path:
@@ -56,14 +60,13 @@ def _task_rows(config: UpConfig, train: Path, path: Path) -> Path:
     return path
 
 
-def _tiny_model(config: UpConfig, train: Path, cache: Path) -> Path:
+def _tiny_model(config: UpConfig, tiny: TinyModel, train: Path, cache: Path) -> Path:
     import torch
 
     from zerobubble.tooling.tiny.model import make_tiny_model
     from zerobubble.tooling.tiny.tool_use import ToolCallShape
     from zerobubble.tooling.tiny.warm_start import warm_start
 
-    tiny = config.tiny_model
     # The warm start trains on the prompts the workers will send: the boxed verifier's system prompt unless the
     # run sets its own.
     prompt = system_prompt("boxed", config.rollout.get("reward", {}).get("system_prompt"))

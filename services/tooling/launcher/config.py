@@ -106,6 +106,10 @@ class UpConfig(Schema):
     run_dir: Path = Field(Path("runs/demo"), description="everything the run writes")
     model: Path | None = Field(None, description="an HF model folder; null: make the tiny model (cached)")
     tiny_model: TinyModel = TinyModel()
+    tiny_teacher: TinyModel | None = Field(
+        None, description="a teacher the run makes here, as it makes the tiny model (warm-started further than the "
+        "student, for distillation on the arithmetic task); the teacher service serves it unless teacher.model.path "
+        "names a model of your own")
     train_data: Path | None = Field(None, description="training data (JSONL, JSON, parquet or a datasets folder; "
                                     "buffer.prompts sets its split and columns); null: make the arithmetic task")
     eval_data: Path | None = Field(None, description="held-out data, read with the training data's columns; null: "
@@ -169,8 +173,8 @@ class UpConfig(Schema):
         if algorithm.distillation_coef and not self.runs_teacher and "teacher" not in self.trainer:
             raise ValueError(f"run.algorithm {self.run.algorithm} with distillation_coef "
                              f"{algorithm.distillation_coef:g} distils from a teacher: set teacher.model.path (a "
-                             "model folder whose tokenizer is the student's), or trainer.teacher.address for a "
-                             "teacher already serving")
+                             "model folder whose tokenizer is the student's), tiny_teacher (one made here), or "
+                             "trainer.teacher.address for a teacher already serving")
         return self
 
     @property
@@ -180,8 +184,8 @@ class UpConfig(Schema):
 
     @property
     def runs_teacher(self) -> bool:
-        """Whether the run starts the teacher service: its section names the teacher's model."""
-        return bool((self.teacher.get("model") or {}).get("path"))
+        """Whether the run starts the teacher service: its section names the teacher's model, or the run makes one."""
+        return bool((self.teacher.get("model") or {}).get("path")) or self.tiny_teacher is not None
 
     def prompts_reading(self, *keys: str) -> dict[str, Any]:
         """How the training set is read (of buffer.prompts: split, columns, skip_bad_rows), for other readers of

@@ -98,5 +98,6 @@ def check_services(config: UpConfig) -> dict[str, dict]:
     train = config.train_data or made_here / "train.jsonl"
     held_out = config.eval_data or (made_here / "eval.jsonl" if config.train_data is None else None)
     dry = DryRun(config)
-    dry.launch(RunAssets(model=config.model or made_here, train=train, eval=held_out))
+    dry.launch(RunAssets(model=config.model or made_here, train=train, eval=held_out,
+                         teacher=made_here / "teacher" if config.tiny_teacher is not None else None))
     return dry.trees

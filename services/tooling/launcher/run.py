@@ -91,7 +91,9 @@ class Run:
                                      merge({"server": SERVER}, config.environment))
         teacher = None
         if config.runs_teacher:
-            teacher = self.start("teacher", "teacher", TeacherServiceConfig, merge({"server": SERVER}, config.teacher))
+            made = {"model": {"path": assets.teacher}} if assets.teacher is not None else {}
+            teacher = self.start("teacher", "teacher", TeacherServiceConfig,
+                                 merge(merge({"server": SERVER}, made), config.teacher))
         spec = build_run_spec(config, assets.model)
         buffer_config = validated(BufferServiceConfig, merge({"prompts": {"path": assets.train}}, config.buffer),
                                   "buffer section")

@@ -28,3 +28,25 @@ def test_a_teacher_section_starts_the_teacher_and_points_the_trainer_at_it(tmp_p
     assert trees["trainer"]["teacher"]["address"] == NOWHERE
     assert trees["trainer"]["algorithm"]["preset"] == "DISTILL"
     assert "teacher" not in check_services(UpConfig.model_validate({"run_dir": tmp_path / "other"}))
+
+
+def test_a_tiny_teacher_is_made_beside_the_student_and_served_as_the_runs_teacher(tmp_path):
+    from zerobubble.tooling.launcher.assets import prepare_assets
+    from zerobubble.tooling.tiny.model import make_tiny_model
+
+    settings = {"run_dir": tmp_path / "run", "run": {"algorithm": "DISTILL"},
+                "task": {"train_size": 8, "eval_size": 2},
+                "tiny_model": {"warm_start_steps": 0}, "tiny_teacher": {"warm_start_steps": 2, "seed": 3}}
+    config = UpConfig.model_validate(settings)   # no teacher.model.path: the tiny teacher is the run's teacher
+    assert config.runs_teacher
+    assert str(check_services(config)["teacher"]["model"]["path"]).endswith("teacher")
+    assets = prepare_assets(config, tmp_path / "cache")
+    assert assets.teacher is not None and assets.teacher != assets.model
+    assert "warm2" in assets.teacher.name and "seed3" in assets.teacher.name and "warm0" in assets.model.name
+    assert (assets.teacher / "ready.json").exists()
+    # Trained further: its weights are not the student's, though both start from the same kind of tiny model.
+    untouched = make_tiny_model(tmp_path / "untouched", size="1m", seed=3)
+    assert (assets.teacher / "model.safetensors").read_bytes() != (untouched / "model.safetensors").read_bytes()
+    # A teacher of the user's own wins over the tiny one.
+    own = UpConfig.model_validate({**settings, "teacher": {"model": {"path": str(tmp_path / "own")}}})
+    assert prepare_assets(own, tmp_path / "cache").teacher is None
