@@ -136,6 +136,7 @@ class ContinuousBatcher:
         self._engine = engine
         self._device = engine.device
         self._eos = {int(t) for t in engine._eos_ids.tolist()}
+        self._vocabulary = engine.model.get_input_embeddings().num_embeddings
         self.max_batch = max_batch or engine.max_batch_size or 256
         self.kept = KeptCaches(max_kept_tokens)
         self.stats = BatcherStats()
@@ -158,6 +159,9 @@ class ContinuousBatcher:
             raise ValueError(f"a request is one response (n=1), got n={sampling.n}")
         if not context:
             raise ValueError("a request needs at least one context token")
+        # Refused here, not in the forward: a bad id there would fail every request in the batch with it.
+        if min(context) < 0 or max(context) >= self._vocabulary:
+            raise ValueError(f"context holds token ids outside the model's vocabulary of {self._vocabulary}")
         tokenizer = self._engine.tokenizer
         with self._cond:
             if self._closed:
@@ -192,7 +196,7 @@ class ContinuousBatcher:
                 admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
             try:
                 self._iterate(admitted)
-            except Exception as exc:   # a failed forward fails the requests it carried, never the loop
+            except Exception as exc:   # a failed forward (out of memory, say) fails its batch, never the loop
                 for request in [*self._running, *admitted]:
                     if not request.future.done():
                         request.future.set_exception(exc)

@@ -137,9 +137,18 @@ def test_a_failing_request_fails_alone_and_closing_fails_what_is_left(varied_mod
     engine = TransformersEngine(varied_model, seed=0)
     batcher = engine.continuous()
     prompt = chat_prompts(varied_model, 1)[0]
-    bad = batcher.submit([10 ** 6], GREEDY)          # past the vocabulary: its forward raises
-    with pytest.raises(IndexError):
-        bad.result(timeout=60)
+    running = batcher.submit(prompt, GREEDY)
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        batcher.submit([*prompt, 10 ** 6], GREEDY)   # refused before the batch, which goes on
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        batcher.submit([-1], GREEDY)
+    assert len(running.result(timeout=60).token_ids) == GREEDY.max_new_tokens
+    # A forward that fails all the same (out of memory, say) fails its batch, and the next request is served.
+    real = engine.model.forward
+    engine.model.forward = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("out of memory"))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        batcher.submit(prompt, GREEDY).result(timeout=60)
+    engine.model.forward = real
     assert len(batcher.submit(prompt, GREEDY).result(timeout=60).token_ids) == GREEDY.max_new_tokens
     with pytest.raises(ValueError, match="n=1"):
         batcher.submit(prompt, SamplingSettings(n=2, temperature=1.0, max_new_tokens=4))
