@@ -56,6 +56,7 @@ class RolloutHost(ServiceHost):
                                   prefix_on_new_weights=config.generation.prefix_on_new_weights)
         metrics = RolloutMetrics(self.registry)
         metrics.policy_version.set(self.engine.policy_version)
+        metrics.watch_batcher(lambda: getattr(self.engine, "started_batcher", None))
         self.reward = RewardClient(config.reward_service, retries=False)
         self.receiver = None
         if config.trainer is not None:

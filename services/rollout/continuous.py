@@ -174,6 +174,11 @@ class ContinuousBatcher:
             self._cond.notify()
         return request.future
 
+    @property
+    def running(self) -> int:
+        """Requests in the running batch."""
+        return len(self._running)
+
     def forget(self, key: Hashable) -> None:
         """The key will ask no more (its episode ended): free its kept cache."""
         with self._cond:

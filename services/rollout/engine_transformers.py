@@ -257,6 +257,11 @@ class TransformersEngine:
                 self._batcher = ContinuousBatcher(self, seed=self._seed)
             return self._batcher
 
+    @property
+    def started_batcher(self):
+        """The continuous batcher once something has used it, else None (for metrics, which must not start it)."""
+        return self._batcher
+
     def close(self) -> None:
         with self._batcher_lock:
             if self._batcher is not None:

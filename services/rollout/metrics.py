@@ -9,6 +9,7 @@ PREFIX = "zerobubble_rollout"
 
 class RolloutMetrics:
     def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
         self.tokens = Counter(f"{PREFIX}_tokens", "response tokens generated", registry=registry)
         self.prompts = Counter(f"{PREFIX}_prompts", "prompts generated for", registry=registry)
         self.tokens_per_second = Gauge(f"{PREFIX}_tokens_per_second", "generation speed of the last batch",
@@ -39,6 +40,18 @@ class RolloutMetrics:
                                     registry=registry)
         self.eval_pass_at_k = Gauge(f"{PREFIX}_eval_pass_at_k", "last evaluation's pass@k", ["dataset"],
                                     registry=registry)
+
+    def watch_batcher(self, batcher_of) -> None:
+        """Gauges of the engine's continuous batcher, read when scraped: `batcher_of()` is it once started, else
+        None (an engine without one, or a run without episodes)."""
+        def read(figure):
+            return lambda: figure(batcher) if (batcher := batcher_of()) is not None else 0
+        Gauge(f"{PREFIX}_batcher_running", "requests in the continuous batcher's running batch",
+              registry=self.registry).set_function(read(lambda b: b.running))
+        Gauge(f"{PREFIX}_kept_kv_cache_bytes", "KV cache the continuous batcher keeps for episodes between their "
+              "turns", registry=self.registry).set_function(read(lambda b: b.kept.bytes))
+        Gauge(f"{PREFIX}_kept_kv_cache_episodes", "episodes whose KV cache is kept between their turns",
+              registry=self.registry).set_function(read(lambda b: len(b.kept)))
 
     def observe_episodes(self, samples) -> None:
         for sample in samples:

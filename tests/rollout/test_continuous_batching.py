@@ -163,3 +163,23 @@ def test_a_failing_request_fails_alone_and_closing_fails_what_is_left(varied_mod
         pending.result(timeout=60)
     with pytest.raises(BatcherClosed):
         batcher.submit(prompt, GREEDY)
+
+
+def test_the_workers_metrics_show_the_batchers_kept_caches_once_it_runs(engine, varied_model):
+    from prometheus_client import CollectorRegistry
+
+    from zerobubble.rollout.metrics import RolloutMetrics
+
+    registry = CollectorRegistry()
+    started = []
+    RolloutMetrics(registry).watch_batcher(lambda: started[0] if started else None)
+    assert registry.get_sample_value("zerobubble_rollout_kept_kv_cache_bytes") == 0   # nothing started yet
+    batcher = ContinuousBatcher(engine)
+    started.append(batcher)
+    try:
+        batcher.submit(chat_prompts(varied_model, 1)[0], GREEDY, key="episode").result(timeout=60)
+        assert registry.get_sample_value("zerobubble_rollout_kept_kv_cache_episodes") == 1
+        assert registry.get_sample_value("zerobubble_rollout_kept_kv_cache_bytes") == batcher.kept.bytes > 0
+        assert registry.get_sample_value("zerobubble_rollout_batcher_running") == 0
+    finally:
+        batcher.close()
