@@ -18,19 +18,18 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache
 
 from zerobubble.rollout.engine import FINISH_LENGTH, FINISH_STOP, Sample, SamplingSettings
 from zerobubble.rollout.engine_transformers import StopStringWatch, processed_logprobs
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]   # per layer: keys and values [batch, heads, positions, head_dim]
+from zerobubble.rollout.kv_cache import KV, GrowingLayer, Kept, KeptCaches, common_prefix, left_pad
 
 
 class BatcherClosed(RuntimeError):
@@ -55,65 +54,6 @@ class _Request:
     def covered(self) -> list[int]:
         """The ids whose keys and values the cache holds."""
         return (self.context + self.tokens)[:self.kv_length]
-
-
-@dataclass
-class _Kept:
-    ids: list[int]
-    kv: KV
-    version: int
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-class KeptCaches:
-    """Finished requests' KV caches under their keys, for each key's next request; the least recently kept go first
-    when the tokens they hold pass `max_tokens`."""
-
-    def __init__(self, max_tokens: int):
-        self.max_tokens = max_tokens
-        self._entries: OrderedDict[Hashable, _Kept] = OrderedDict()
-        self.tokens = 0
-        self.bytes = 0
-        self.evictions = 0
-        self.peak_bytes = 0       # the most held at once, and how many entries held it
-        self.peak_entries = 0
-
-    def put(self, key: Hashable, kept: _Kept) -> None:
-        self.take(key)
-        if len(kept.ids) > self.max_tokens:
-            return
-        self._entries[key] = kept
-        self._count(kept, +1)
-        while self.tokens > self.max_tokens:
-            _, oldest = self._entries.popitem(last=False)
-            self._count(oldest, -1)
-            self.evictions += 1
-        if self.bytes > self.peak_bytes:
-            self.peak_bytes, self.peak_entries = self.bytes, len(self._entries)
-
-    def take(self, key: Hashable) -> _Kept | None:
-        kept = self._entries.pop(key, None)
-        if kept is not None:
-            self._count(kept, -1)
-        return kept
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.tokens = self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def _count(self, kept: _Kept, sign: int) -> None:
-        self.tokens += sign * len(kept.ids)
-        self.bytes += sign * sum(k.nbytes + v.nbytes for k, v in kept.kv)
 
 
 @dataclass
@@ -258,7 +198,7 @@ class ContinuousBatcher:
         mask marks the holes). Their cache and mask, and the next token's logits of each."""
         with self._cond:
             kept = [self.kept.take(r.key) if r.key is not None else None for r in requests]
-        starts = [min(_common_prefix(k.ids, r.context), len(r.context) - 1) if k else 0
+        starts = [min(common_prefix(k.ids, r.context), len(r.context) - 1) if k else 0
                   for k, r in zip(kept, requests, strict=True)]
         rests = [r.context[start:] for r, start in zip(requests, starts, strict=True)]
         head, tail = max(starts), max(len(rest) for rest in rests)
@@ -327,12 +267,12 @@ class ContinuousBatcher:
         """The admitted requests' cache into the batch's, right-aligned at the wider of the two."""
         if self._cache is None:
             self._cache, self._mask = DynamicCache(), mask
-            self._cache.layers = [_GrowingLayer(keys, values) for keys, values in kv]
+            self._cache.layers = [GrowingLayer(keys, values) for keys, values in kv]
         else:
             width = max(mask.shape[1], self._mask.shape[1])
             for layer, (keys, values) in zip(self._cache.layers, kv, strict=True):
-                layer.hold(torch.cat([_left_pad(layer.keys, width), _left_pad(keys, width)]),
-                           torch.cat([_left_pad(layer.values, width), _left_pad(values, width)]))
+                layer.hold(torch.cat([left_pad(layer.keys, width), left_pad(keys, width)]),
+                           torch.cat([left_pad(layer.values, width), left_pad(values, width)]))
             self._mask = torch.cat([F.pad(self._mask, (width - self._mask.shape[1], 0)),
                                     F.pad(mask, (width - mask.shape[1], 0))])
         self._running.extend(admitted)
@@ -347,7 +287,7 @@ class ContinuousBatcher:
                     where = self._mask[i].nonzero().squeeze(-1)
                     kv = [(layer.keys[i:i + 1, :, where], layer.values[i:i + 1, :, where])
                           for layer in self._cache.layers]
-                    self.kept.put(request.key, _Kept(request.covered(), kv, self._version))
+                    self.kept.put(request.key, Kept(request.covered(), kv))
         gone = set(finished)
         keep = [i for i in range(len(self._running)) if i not in gone]
         self._running = [self._running[i] for i in keep]
@@ -383,40 +323,3 @@ class ContinuousBatcher:
             (kv, mask), _ = self._prefill(again)
             self._join(running, kv, mask)
 
-
-def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """[batch, heads, positions, head_dim] with zeros before the positions, up to `width`."""
-    return F.pad(tensor, (0, 0, width - tensor.shape[-2], 0))
-
-
-class _GrowingLayer(DynamicLayer):
-    """A cache layer whose keys and values are written into spare room at each step: HF's DynamicLayer copies the
-    whole cache at every step (torch.cat), and with many long episodes in a batch that copy is a step's cost."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
-        super().__init__()
-        self.lazy_initialization(keys, values)
-        self.hold(keys, values)
-
-    def hold(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Take these keys and values (every row and position) into a fresh buffer with room to grow."""
-        length = keys.shape[-2]
-        room = length + max(64, length // 2)
-        self._keys = keys.new_empty((*keys.shape[:2], room, keys.shape[3]))
-        self._values = values.new_empty((*values.shape[:2], room, values.shape[3]))
-        self._keys[:, :, :length] = keys
-        self._values[:, :, :length] = values
-        self._length = length
-        self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self._length + key_states.shape[-2]
-        if end > self._keys.shape[-2]:
-            self.hold(torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2))
-        else:
-            self._keys[:, :, self._length:end] = key_states
-            self._values[:, :, self._length:end] = value_states
-            self._length = end
-            self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
-        return self.keys, self.values
