@@ -213,13 +213,13 @@ class ContinuousBatcher:
             positions[i, tail - len(rest):] = torch.arange(start, start + len(rest))
         cache = DynamicCache()
         if head:
-            layers = len(next(k for k in kept if k is not None).kv)
-            shape = next(k for k in kept if k is not None).kv[0][0].shape
-            empty = torch.zeros((1, shape[1], 0, shape[3]), dtype=self._engine.dtype, device=device)
+            some = next(k for k in kept if k is not None).kv
+            batch, heads, _, width = some[0][0].shape
+            empty = torch.zeros((batch, heads, 0, width), dtype=self._engine.dtype, device=device)
             cache = DynamicCache(ddp_cache_data=[tuple(
-                torch.cat([F.pad(k.kv[layer][part][:, :, :start] if start else empty, (0, 0, head - start, 0))
+                torch.cat([left_pad(k.kv[layer][part][:, :, :start] if start else empty, head)
                            for k, start in zip(kept, starts, strict=True)])
-                for part in (0, 1)) for layer in range(layers)])
+                for part in (0, 1)) for layer in range(len(some))])
         out = self._engine.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                  past_key_values=cache, use_cache=True, logits_to_keep=1)
         for request in requests:
