@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import json
 import logging
@@ -230,6 +231,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # A crash inside a native library (gloo, NCCL, a tokenizer) then leaves every thread's Python stack in the log.
+    faulthandler.enable()
     try:
         args = build_parser(argv).parse_args(argv)
         setup_logging(args.log_level)

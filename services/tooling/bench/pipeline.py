@@ -15,8 +15,9 @@ Figures per mode:
   wait, before it, is left out), as fractions of it, from the steps' own figures: waiting for groups,
   collating, the update (forward, backward, optimizer, and the recompute forward where there is one),
   publishing the weights to the broadcaster, and the rest (recording the step, checkpoints).
-- cpu_cores_used: the CPU seconds of each service's process over the training phase divided by its length
-  (1.0 is one core kept busy), and load_average: the machine's 1-minute load when the mode began and ended.
+- cpu_cores_used: the CPU seconds of each service's process over the training phase (widened to the nearest
+  samples either side) divided by its length (1.0 is one core kept busy), and load_average: the machine's
+  1-minute load when the mode began and ended.
   With the trainer's and workers' cores adding up to the machine's, the trainer's wait is the cores' (the
   workers generate as fast as the cores that are left allow), not the pipeline's.
 - rollout_idle_fraction: 1 - (engine seconds / wall) per worker, averaged over workers, scraped from the
@@ -120,12 +121,16 @@ class ScrapingProgress:
                 self.cpu[process.name].append((now, seconds))
 
     def cores_used(self, start: float, end: float) -> dict[str, float]:
-        """Each service's CPU seconds between its first and last sample within [start, end], over their distance."""
+        """Each service's CPU seconds over [start, end] widened to the nearest samples either side, over their
+        distance: a training span shorter than the half-second sampling (a tiny run on a loaded machine) still
+        lies between two samples."""
         used = {}
         for name, samples in self.cpu.items():
-            inside = [(t, cpu) for t, cpu in samples if start <= t <= end]
-            if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
-                used[name] = round((inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]), 3)
+            first = max((i for i, (t, _) in enumerate(samples) if t <= start), default=0)
+            last = min((i for i, (t, _) in enumerate(samples) if t >= end), default=len(samples) - 1)
+            if last > first and samples[last][0] > samples[first][0]:
+                (t0, cpu0), (t1, cpu1) = samples[first], samples[last]
+                used[name] = round((cpu1 - cpu0) / (t1 - t0), 3)
         return used
 
 
