@@ -75,7 +75,7 @@ def batch_advantages(batch: ExperienceBatch, algo: AlgorithmConfig, max_new_toke
             raise ValueError("algorithm.distillation_coef: the step needs the teacher's log-probs (the trainer's "
                              "teacher)")
         advantages = advantages + reverse_kl_advantages(batch.behaviour_logprobs, teacher_logp, mask,
-                                                        algo.distillation_coef)
+                                                        algo.distillation_coef, centred=algo.distillation_centred)
     return rewards, mask, advantages
 
 

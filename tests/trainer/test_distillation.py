@@ -75,6 +75,25 @@ def test_distillation_alone_trains_each_token_towards_the_teacher_with_the_hand_
     assert per_sample == pytest.approx((advantages.sum(1) / mask.sum(1)).tolist(), abs=1e-5)
 
 
+def test_centred_distillation_subtracts_the_batchs_mean_log_ratio_from_each_token(models, teacher_scores):
+    student, teacher = models
+    batch = collate(behaviour_groups(student, SHIFT), pad_id=0)
+    figures, per_sample = step(student, algorithm_config("DISTILL", distillation_centred=True), teacher_scores,
+                               batch)
+    mask = batch.response_mask.bool()
+    log_ratio = batch.behaviour_logprobs.double() - own_logprobs(teacher, batch)
+    centred = torch.where(mask, -(log_ratio - log_ratio[mask].mean()), 0.0)
+    assert per_sample == pytest.approx((centred.sum(1) / mask.sum(1)).tolist(), abs=1e-5)
+    uncentred = torch.where(mask, -log_ratio, 0.0)
+    plain = (uncentred.sum(1) / mask.sum(1)).tolist()
+    assert max(abs(a - b) for a, b in zip(per_sample, plain, strict=True)) > 1e-2
+    # Token-level mean at ratio 1: the centred advantages sum to zero over the trained tokens, so does the loss.
+    assert figures["loss"] == pytest.approx(float((-math.exp(SHIFT) * centred).sum() / mask.sum()), abs=1e-5)
+    assert abs(figures["loss"]) < 1e-5
+    # The figure stays the estimate of the reverse KL itself, not of the centred term.
+    assert figures["teacher_reverse_kl"] == pytest.approx(float(log_ratio[mask].mean()), abs=1e-5)
+
+
 def test_distillation_added_to_the_verifiers_advantage(models, teacher_scores):
     student, teacher = models
     batch = collate(behaviour_groups(student, SHIFT), pad_id=0)

@@ -78,7 +78,8 @@ def compute_advantages(name: AdvantageEstimator, rewards: Tensor, response_mask:
     return torch.where(mask, per_sample, 0.0)
 
 
-def reverse_kl_advantages(student_logp: Tensor, teacher_logp: Tensor, mask: Tensor, coef: float) -> Tensor:
+def reverse_kl_advantages(student_logp: Tensor, teacher_logp: Tensor, mask: Tensor, coef: float, *,
+                          centred: bool = False) -> Tensor:
     """On-policy distillation's per-token advantage, [N, T] -> [N, T] (zero off the mask): -coef (log p_student -
     log p_teacher) of each sampled token.
 
@@ -88,8 +89,18 @@ def reverse_kl_advantages(student_logp: Tensor, teacher_logp: Tensor, mask: Tens
     that very context (Agarwal et al. 2024, "On-Policy Distillation of Language Models: Learning from
     Self-Generated Mistakes" (GKD) with the reverse KL; Lu and Thinking Machines Lab 2025, "On-Policy Distillation",
     whose advantage this is). log p_student is that of the distribution the token was drawn from (the sampler's, as
-    Tinker's recipe uses), so the estimate needs no forward pass of its own."""
+    Tinker's recipe uses), so the estimate needs no forward pass of its own.
+
+    `centred` subtracts the batch's mean log-ratio over its masked tokens (the KL estimate itself) first: a baseline
+    that does not depend on the token leaves the gradient's expectation as it is (Williams 1992, "Simple
+    statistical gradient-following algorithms", section 4) but not its spread. Without it, a student far from its
+    teacher has almost every sampled token's advantage negative, so every step pushes down what was sampled and
+    raises the entropy whatever the teacher prefers."""
     if student_logp.shape != teacher_logp.shape or student_logp.shape != mask.shape:
         raise ValueError(f"student, teacher log-probs and mask must have one shape [N, T], got "
                          f"{tuple(student_logp.shape)}, {tuple(teacher_logp.shape)}, {tuple(mask.shape)}")
-    return torch.where(mask.bool(), -coef * (student_logp - teacher_logp), 0.0)
+    on = mask.bool()
+    ratio = student_logp - teacher_logp
+    if centred:
+        ratio = ratio - ratio[on].mean() if on.any() else ratio
+    return torch.where(on, -coef * ratio, 0.0)

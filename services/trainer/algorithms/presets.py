@@ -73,6 +73,10 @@ class AlgorithmConfig(Schema):
         0.0, ge=0, description="on-policy distillation: each sampled token's advantage gains -coef (log p_student - "
         "log p_teacher), the per-token reverse KL to the trainer's teacher (docs/guides/distillation.md); 0: off"
     )
+    distillation_centred: bool = Field(
+        False, description="the distillation term less its mean over the step's trained tokens (a baseline: the "
+        "gradient's expectation is kept, its spread cut; docs/concepts/objective.md)"
+    )
     reward_advantage: bool = Field(
         True, description="the advantage estimator's term from the verifier's reward; false: the distillation term "
         "alone (needs distillation_coef > 0)"
