@@ -17,10 +17,8 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from zerobubble.common.persistence import Stopped
-from zerobubble.rollout.engine import Sample
+from zerobubble.common.trajectory import Trajectory, carried_versions
 from zerobubble.rollout.episodes.driver import row_of as episode_row
 from zerobubble.rollout.experience import experience_group
 from zerobubble.v1 import buffer_pb2, common_pb2, reward_pb2
@@ -49,21 +47,16 @@ def common_prefix(sequences: list[list[int]]) -> list[int]:
     return list(first[:length])
 
 
-def trajectory_sample(chain: dict, prefix_length: int, text: str) -> Sample:
-    """The chain as one response after the group's prompt: its prompt past the prefix masked, then its own
-    tokens. A masked token takes the version of the sampled token before it (the first sampled one at the start),
-    as an episode's observations do; the tokens each sampled one's distribution kept go with it (top-p, top-k)."""
-    head = chain["prompt_ids"][prefix_length:]
-    versions = [-1] * len(head) + chain["policy_versions"]
-    sampled = [v for v in versions if v >= 0]
-    current = sampled[0] if sampled else 0
-    for i, version in enumerate(versions):
-        current = version if version >= 0 else current
-        versions[i] = current
-    return Sample(token_ids=head + chain["response_ids"], logprobs=[0.0] * len(head) + chain["logprobs"],
-                  finish_reason=chain["finish_reason"], text=text, versions=np.asarray(versions),
-                  loss_mask=np.asarray([0] * len(head) + chain["loss_mask"], dtype=np.uint8),
-                  support=[0] * len(head) + chain["support"])
+def chain_trajectory(chain: dict, prefix: list[int], text: str, temperature: float) -> Trajectory:
+    """The chain as one response after the group's prompt (`prefix`): its prompt past the prefix masked, then its
+    own tokens, each with the tokens its distribution kept (top-p, top-k)."""
+    head = chain["prompt_ids"][len(prefix):]
+    mask = [0] * len(head) + chain["loss_mask"]
+    return Trajectory(prompt_ids=prefix, response_ids=head + chain["response_ids"],
+                      logprobs=[0.0] * len(head) + chain["logprobs"], loss_mask=mask,
+                      versions=carried_versions([0] * len(head) + chain["policy_versions"], mask),
+                      finish_reason=chain["finish_reason"], temperature=temperature, text=text,
+                      support=[0] * len(head) + chain["support"])
 
 
 def row_of(prompt: common_pb2.Prompt, ground_truth: bool = True) -> dict:
@@ -110,8 +103,10 @@ class GroupPusher:
         rewards = [group.closed[s][1] for s in group.session_ids]
         prefix = common_prefix([chain["prompt_ids"] for chain in chains])
         decode = worker.engine.tokenizer.decode
-        samples = [trajectory_sample(chain, len(prefix), decode(chain["last_completion"], skip_special_tokens=True))
-                   for chain in chains]
+        # A group's trajectories are drawn at one temperature: its first session's.
+        temperature = chains[0]["temperature"]
+        samples = [chain_trajectory(chain, prefix, decode(chain["last_completion"], skip_special_tokens=True),
+                                    temperature) for chain in chains]
         prompt = group.prompt
         verdicts = [None] * len(samples)
         unscored = [i for i, reward in enumerate(rewards) if reward is None]
@@ -128,8 +123,7 @@ class GroupPusher:
             self._sequence += 1
             sequence = self._sequence
         message = experience_group(
-            prompt, prefix, samples, scores, policy_version=min(int(s.versions.min()) for s in samples),
-            temperature=chains[0]["temperature"], producer_id=self.producer_id,
+            prompt, prefix, samples, scores, producer_id=self.producer_id,
             producer_incarnation=self.incarnation, sequence=sequence, lease_id=group.lease.lease_id)
         try:
             worker.push_groups([message])
@@ -137,7 +131,7 @@ class GroupPusher:
         except Stopped:
             raise RuntimeError("the service is stopping") from None
         return {"prompt_id": prompt.prompt_id, "rewards": [score.reward for score in scores],
-                "prompt_ids": prefix, "trajectories": [{"response_ids": s.token_ids.tolist(),
+                "prompt_ids": prefix, "trajectories": [{"response_ids": s.response_ids.tolist(),
                                                         "loss_mask": s.loss_mask.tolist()} for s in samples]}
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from zerobubble.common.codec import encode_array
 from zerobubble.common.status import translate_errors
-from zerobubble.rollout.experience import FINISH_REASONS
+from zerobubble.common.trajectory_messages import FINISH_REASONS
 from zerobubble.rollout.generate import GenerateCalls
 from zerobubble.rollout.worker import RolloutWorker
 from zerobubble.v1 import rollout_pb2, rollout_pb2_grpc

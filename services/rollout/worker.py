@@ -20,6 +20,7 @@ from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.not_stored import not_stored_label
 from zerobubble.common.persistence import Stopped, until_done
 from zerobubble.common.run_spec import RunSpec
+from zerobubble.common.trajectory import Trajectory
 from zerobubble.common.version import oldest_fresh_version
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
@@ -37,9 +38,7 @@ log = logging.getLogger(__name__)
 class GeneratedBatch:
     lease: buffer_pb2.LeaseReply
     prompt_ids: list[list[int]]
-    samples: list[list[Sample]]
-    policy_version: int
-    temperature: float
+    samples: list[list[Trajectory]]
 
 
 class RolloutWorker:
@@ -181,14 +180,13 @@ class RolloutWorker:
         with self.engine_lock:
             prompt_ids, samples = self.player.play(self.engine, list(lease.prompts), sampling,
                                                    at_turn=self.weight_updates.at_turn)
-            version = self.engine.policy_version
         seconds = time.monotonic() - started
         # Before the batch is trained on: a worker whose environments fail every episode stops here.
         self.failures.observe(samples)
-        tokens = sum(len(s.token_ids) for group in samples for s in group)
+        tokens = sum(len(s.response_ids) for group in samples for s in group)
         self.tokens_per_second = tokens / seconds if seconds > 0 else 0.0
         self.metrics.observe_batch(tokens=tokens, prompts=len(prompt_ids), seconds=seconds)
-        return GeneratedBatch(lease, prompt_ids, samples, version, temperature)
+        return GeneratedBatch(lease, prompt_ids, samples)
 
     def _finish_batches(self) -> None:
         while (batch := self._scoring.get()) is not None:
@@ -217,8 +215,7 @@ class RolloutWorker:
             self.metrics.observe_episodes(samples)
             self._sequence += 1
             groups.append(experience_group(
-                prompt, ids, samples, scores, policy_version=batch.policy_version,
-                temperature=batch.temperature, producer_id=self.config.worker_id,
+                prompt, ids, samples, scores, producer_id=self.config.worker_id,
                 producer_incarnation=self.incarnation, sequence=self._sequence, lease_id=batch.lease.lease_id,
             ))
         started = time.monotonic()

@@ -20,7 +20,7 @@ from zerobubble.common.config import ConfigError, load_config
 from zerobubble.rollout.app import build
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.openai_endpoint import Call, stitch
-from zerobubble.rollout.openai_groups import common_prefix, trajectory_sample
+from zerobubble.rollout.openai_groups import chain_trajectory, common_prefix
 
 TOKEN = "groups-token"
 MAX_NEW_TOKENS = 6
@@ -212,8 +212,8 @@ def test_a_chains_prompt_past_the_groups_prefix_is_masked_and_takes_the_next_sam
     chain = {**stitch([Call([1, 2, 3], [4, 5], [-0.1, -0.2], 7), Call([1, 2, 3, 4, 5, 9], [6], [-0.3], 8)])[-1],
              "finish_reason": "length"}
     assert common_prefix([[1, 2, 3], [1, 2, 8, 8]]) == [1, 2]
-    sample = trajectory_sample(chain, 2, "six")
-    assert sample.token_ids.tolist() == [3, 4, 5, 9, 6]
+    sample = chain_trajectory(chain, [1, 2], "six", 1.0)
+    assert sample.response_ids.tolist() == [3, 4, 5, 9, 6]
     assert sample.loss_mask.tolist() == [0, 1, 1, 0, 1]
     assert sample.logprobs.tolist() == pytest.approx([0.0, -0.1, -0.2, 0.0, -0.3])
     assert sample.versions.tolist() == [7, 7, 7, 7, 8] and sample.finish_reason == "length"
@@ -224,8 +224,8 @@ def test_a_chain_keeps_the_support_each_call_sampled_from_so_the_trainer_replays
     # The second call drew at top-p: its token came from the 3 most likely, which the trainer must renormalise over.
     calls = [Call([1, 2, 3], [4, 5], [-0.1, -0.2], 7), Call([1, 2, 3, 4, 5, 9], [6], [-0.3], 8, support=[3])]
     chain = {**stitch(calls)[-1], "finish_reason": "stop"}
-    sample = trajectory_sample(chain, 2, "six")
-    assert sample.token_ids.tolist() == [3, 4, 5, 9, 6]
+    sample = chain_trajectory(chain, [1, 2], "six", 1.0)
+    assert sample.response_ids.tolist() == [3, 4, 5, 9, 6]
     assert sample.support.tolist() == [0, 0, 0, 0, 3]
 
 

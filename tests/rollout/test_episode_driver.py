@@ -100,7 +100,7 @@ def test_a_two_turn_episode_is_the_sampled_tokens_and_the_rendered_observation_m
         rendered = observation.observation_tokens([{"role": "user", "content": "obs!"}],
                                                   ended_with_eos=turn1.finish_reason == "stop")
         expected = [*turn1.token_ids, *rendered, *turn2.token_ids]
-        assert sample.token_ids.tolist() == expected
+        assert sample.response_ids.tolist() == expected
         assert sample.loss_mask.tolist() == [1] * len(turn1.token_ids) + [0] * len(rendered) + \
             [1] * len(turn2.token_ids)
         # Behaviour log-probs exactly as sampled where the model sampled, nothing where it did not.
@@ -128,13 +128,13 @@ def test_the_limits_end_episodes_with_their_reasons(engine):
     _, _, samples = play(engine, ScriptedEnvironments([StepOutcome("x" * 10)] * 10), n=2, count=1,
                          max_new_tokens=20)
     for sample in samples[0]:
-        assert sample.episode.ended_reason == "max_tokens" and len(sample.token_ids) <= 20
+        assert sample.episode.ended_reason == "max_tokens" and len(sample.response_ids) <= 20
 
     # An observation's content is cut to max_observation_tokens (the byte tokenizer: one token per character).
     recording, _, samples = play(engine, ScriptedEnvironments([StepOutcome("y" * 100),
                                                                StepOutcome(None, done=True)]),
                                  n=1, count=1, max_observation_tokens=5)
-    observed = engine.tokenizer.decode(samples[0][0].token_ids[samples[0][0].loss_mask == 0].tolist())
+    observed = engine.tokenizer.decode(samples[0][0].response_ids[samples[0][0].loss_mask == 0].tolist())
     assert "yyyyy" in observed and "yyyyyy" not in observed
 
 
@@ -143,7 +143,7 @@ def test_an_environment_failure_ends_its_episode_with_the_reason_and_keeps_the_m
     _, _, samples = play(engine, environments, n=2, count=1)
     for sample in samples[0]:
         assert sample.episode.ended_reason == "timeout" and sample.episode.turns == 1
-        assert sample.loss_mask.all() and len(sample.token_ids) > 0
+        assert sample.loss_mask.all() and len(sample.response_ids) > 0
 
 
 def test_an_opening_and_tools_reach_the_prompt(engine):
@@ -169,9 +169,9 @@ def test_weights_taken_between_turns_are_the_versions_of_the_later_turns_tokens(
     first_turn = len(recording.calls[0][2][0][0].token_ids)
     recording.engine.policy_version = 0
     for sample in samples[0]:
-        second_start = len(sample.token_ids) - int(sample.loss_mask[::-1].argmin())
+        second_start = len(sample.response_ids) - int(sample.loss_mask[::-1].argmin())
         # The first turn and the observation after it: version 0; the turn after the new weights: version 1.
-        assert sample.versions.tolist() == [0] * second_start + [1] * (len(sample.token_ids) - second_start)
+        assert sample.versions.tolist() == [0] * second_start + [1] * (len(sample.response_ids) - second_start)
         assert sample.loss_mask[:first_turn].all()
 
 

@@ -10,19 +10,18 @@ import json
 import logging
 import textwrap
 
-import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
 from zerobubble.common.config import ClientConfig, load_config
 from zerobubble.common.episodes import EpisodeSpec
+from zerobubble.common.trajectory import EpisodeRecord, Trajectory
 from zerobubble.environment.app import build
 from zerobubble.environment.config import EnvironmentServiceConfig
-from zerobubble.rollout.engine import Sample, SamplingSettings
+from zerobubble.rollout.engine import SamplingSettings
 from zerobubble.rollout.engine_transformers import TransformersEngine
 from zerobubble.rollout.episodes.driver import EpisodeDriver, EpisodePrompt
 from zerobubble.rollout.episodes.failures import EnvironmentsFailing, FailureWatch
-from zerobubble.rollout.episodes.record import EpisodeRecord
 from zerobubble.rollout.episodes.remote import RemoteSessions
 from zerobubble.rollout.episodes.render import TurnRenderer
 from zerobubble.rollout.experience import experience_group
@@ -88,8 +87,8 @@ def play(engine, sessions, environment: str, n: int = 2):
 
 def trained_group(prompt, ids, samples):
     scores = [reward_pb2.ScoreResult(reward=0.0) for _ in samples]
-    return experience_group(prompt, ids, samples, scores, policy_version=0, temperature=1.0, producer_id="w",
-                            producer_incarnation="i", sequence=1, lease_id="l")
+    return experience_group(prompt, ids, samples, scores, producer_id="w", producer_incarnation="i", sequence=1,
+                            lease_id="l")
 
 
 def test_a_step_that_raises_brings_its_message_and_the_users_frames_to_the_record_and_the_trained_group(
@@ -135,10 +134,13 @@ def test_counts_by_reason_add_up_over_ranks_and_a_healthy_episode_is_not_a_failu
                                   "episodes_failed_bad_reply": 1}
 
 
-def sample(environment: str, reason: str, error: str = "") -> Sample:
-    record = EpisodeRecord(environment, turns=1, ended_reason=reason, error=error)
-    return Sample(token_ids=np.zeros(1, dtype=np.int32), logprobs=np.zeros(1, dtype=np.float32),
-                  finish_reason="stop", text="", episode=record)
+def played(episode: EpisodeRecord | None = None) -> Trajectory:
+    return Trajectory(prompt_ids=[3], response_ids=[0], logprobs=[0.0], loss_mask=[1], versions=[0],
+                      finish_reason="stop", temperature=1.0, episode=episode)
+
+
+def sample(environment: str, reason: str, error: str = "") -> Trajectory:
+    return played(EpisodeRecord(environment, turns=1, ended_reason=reason, error=error))
 
 
 def test_prometheus_counts_episodes_by_environment_and_reason():
@@ -175,7 +177,5 @@ def test_a_watch_without_a_limit_never_stops_and_batches_without_episodes_change
     watch = FailureWatch("rollout-0", None)
     for _ in range(5):
         watch.observe([[sample("broken", "unavailable", "the environment service answered UNAVAILABLE")]])
-    single_turn = Sample(token_ids=np.zeros(1, dtype=np.int32), logprobs=np.zeros(1, dtype=np.float32),
-                         finish_reason="stop", text="")
-    watch.observe([[single_turn]])
+    watch.observe([[played()]])
     assert watch.failed_batches == 5

@@ -13,7 +13,7 @@ from engine_cases import recompute_logprobs
 from transformers import AutoModelForCausalLM
 
 from zerobubble.common.episodes import EpisodeSpec
-from zerobubble.rollout.engine import SamplingSettings
+from zerobubble.rollout.engine import Sample, SamplingSettings
 from zerobubble.rollout.engine_transformers import TransformersEngine
 from zerobubble.rollout.episodes.driver import EpisodeDriver, EpisodePrompt
 from zerobubble.rollout.episodes.render import TurnRenderer
@@ -101,10 +101,11 @@ def test_each_turn_reuses_the_episodes_cache_and_the_response_is_what_the_model_
             assert model.any() and (~model).any() and sample.episode.turns == 3
             # Every model token's log-prob is a plain forward's over the whole episode so far, and nothing else
             # carries one: observations are context, not samples.
-            whole = recompute_logprobs(plain, prompt, sample, 1.0)
+            response = Sample(token_ids=sample.response_ids, logprobs=sample.logprobs, finish_reason="stop")
+            whole = recompute_logprobs(plain, prompt, response, 1.0)
             np.testing.assert_allclose(sample.logprobs[model], whole[model], atol=2e-4)
             assert not sample.logprobs[~model].any()
-            assert "seen 1" in engine.tokenizer.decode(sample.token_ids[~model].tolist())
+            assert "seen 1" in engine.tokenizer.decode(sample.response_ids[~model].tolist())
     # The kept caches went with their episodes.
     assert len(batcher.kept) == 0
 
@@ -112,8 +113,8 @@ def test_each_turn_reuses_the_episodes_cache_and_the_response_is_what_the_model_
 def test_seeded_loops_replay_and_the_episodes_of_one_prompt_differ(engine):
     _, first = play(engine, Environments(turns=2))
     _, again = play(engine, Environments(turns=2))
-    tokens = [[s.token_ids.tolist() for s in group] for group in first]
-    assert tokens == [[s.token_ids.tolist() for s in group] for group in again]
+    tokens = [[s.response_ids.tolist() for s in group] for group in first]
+    assert tokens == [[s.response_ids.tolist() for s in group] for group in again]
     assert all(group[0] != group[1] for group in tokens)
 
 

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from zerobubble.common.codec import encode_array
 from zerobubble.rollout.engine import SamplingSettings
 from zerobubble.rollout.engine_transformers import TransformersEngine
-from zerobubble.rollout.experience import experience_group
+from zerobubble.rollout.experience import experience_group, single_turn
 from zerobubble.tooling.tiny.model import make_tiny_model
 from zerobubble.trainer.algorithms import algorithm_config
 from zerobubble.trainer.algorithms.head_logprobs import chunked_token_logprobs
@@ -59,9 +59,10 @@ def groups(model_dir):
         out = []
         for prompt, samples in zip(prompts, engine.generate(prompts, TRUNCATED), strict=True):
             scores = [reward_pb2.ScoreResult(reward=float(i % 2)) for i in range(len(samples))]
-            group = experience_group(common_pb2.Prompt(), prompt, samples, scores, policy_version=0,
-                                     temperature=TRUNCATED.temperature, producer_id="w", producer_incarnation="i",
-                                     sequence=0, lease_id="")
+            played = [single_turn(prompt, sample, policy_version=0, temperature=TRUNCATED.temperature)
+                      for sample in samples]
+            group = experience_group(common_pb2.Prompt(), prompt, played, scores, producer_id="w",
+                                     producer_incarnation="i", sequence=0, lease_id="")
             out.append(common_pb2.ExperienceGroup.FromString(group.SerializeToString()))
         return out, engine.tokenizer.pad_token_id
     finally:

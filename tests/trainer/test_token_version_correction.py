@@ -12,7 +12,7 @@ import torch
 
 from zerobubble.common.codec import decode_array
 from zerobubble.rollout.engine import Sample
-from zerobubble.rollout.experience import experience_group
+from zerobubble.rollout.experience import experience_group, single_turn
 from zerobubble.trainer.algorithms import algorithm_config, policy_loss
 from zerobubble.trainer.algorithms.losses import behaviour_weight
 from zerobubble.trainer.collate import collate
@@ -35,8 +35,9 @@ def scored_group() -> common_pb2.ExperienceGroup:
     samples = [Sample(token_ids=np.arange(len(v)) + 10, logprobs=np.asarray(b), finish_reason="stop",
                       versions=np.asarray(v)) for b, v in zip(BEHAVIOUR, VERSIONS, strict=True)]
     scores = [reward_pb2.ScoreResult(reward=1.0, answer_ok=True), reward_pb2.ScoreResult(reward=0.0)]
-    return experience_group(common_pb2.Prompt(prompt_id="p"), [1, 2, 3], samples, scores, policy_version=7,
-                            temperature=1.0, producer_id="w", producer_incarnation="i", sequence=1, lease_id="")
+    played = [single_turn([1, 2, 3], sample, policy_version=7, temperature=1.0) for sample in samples]
+    return experience_group(common_pb2.Prompt(prompt_id="p"), [1, 2, 3], played, scores, producer_id="w",
+                            producer_incarnation="i", sequence=1, lease_id="")
 
 
 def test_the_message_carries_both_versions_and_each_tokens_behaviour_logprob():

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zerobubble.common.episodes import EpisodeRoute, EpisodeSpec
+from zerobubble.common.trajectory import EpisodeRecord, Trajectory, carried_versions
 from zerobubble.rollout.engine import FINISH_LENGTH, FINISH_STOP, Engine, Sample, SamplingSettings
-from zerobubble.rollout.episodes.record import DONE, MAX_TOKENS, MAX_TURNS, TRUNCATING, EpisodeRecord
+from zerobubble.rollout.episodes.record import DONE, MAX_TOKENS, MAX_TURNS, TRUNCATING
 from zerobubble.rollout.episodes.render import TurnRenderer, observation_messages
 from zerobubble.rollout.episodes.sessions import EnvironmentSessions, Opening, StepOutcome
 from zerobubble.rollout.prompting import PromptBuilder
@@ -66,7 +67,7 @@ class _Live:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)      # the policy version that drew each token
+    versions: list[int] = field(default_factory=list)      # the policy version that drew each sampled token
     support: list[int] = field(default_factory=list)       # tokens kept when each was drawn (0: the whole vocab)
     last_text: str = ""
     last_finish: str = FINISH_STOP
@@ -76,14 +77,13 @@ class _Live:
         return bool(self.record.ended_reason)
 
     def add(self, ids, logprobs, versions, *, sampled: bool, support=None) -> None:
-        """`versions`: of each sampled token; an observation's tokens take the version of the turn before.
+        """`versions`: of each sampled token (an observation's are filled in by the trajectory's rule).
         `support`: what the engine kept of each sampled token's distribution (top-p, top-k), None for all of it."""
         self.support.extend([0] * len(ids) if support is None else (int(k) for k in support))
         self.tokens.extend(int(t) for t in ids)
         self.logprobs.extend(float(x) for x in logprobs) if sampled else self.logprobs.extend([0.0] * len(ids))
         self.mask.extend([int(sampled)] * len(ids))
-        self.versions.extend(int(v) for v in versions) if sampled else \
-            self.versions.extend(self.versions[-1:] * len(ids))
+        self.versions.extend(int(v) for v in versions) if sampled else self.versions.extend([0] * len(ids))
 
 
 def row_of(prompt: common_pb2.Prompt) -> dict:
@@ -128,7 +128,7 @@ class EpisodeDriver:
         self.timings = EpisodeTimings()
 
     def play(self, engine: Engine, prompts: Sequence[EpisodePrompt], sampling: SamplingSettings,
-             at_turn: Callable[[], None] | None = None) -> tuple[list[list[int]], list[list[Sample]]]:
+             at_turn: Callable[[], None] | None = None) -> tuple[list[list[int]], list[list[Trajectory]]]:
         """Each prompt's ids (with its environment's opening and tools) and its `sampling.n` episodes. Turns are
         as long as the episode limits allow, whatever `sampling.max_new_tokens` says. `at_turn` is called before
         every turn after the first (where the run takes new weights between turns)."""
@@ -140,7 +140,7 @@ class EpisodeDriver:
             groups = [self._group(item, sessions[i * n:(i + 1) * n]) for i, item in enumerate(prompts)]
             self._play_lockstep(engine, [ids for ids, _ in groups], [e for _, group in groups for e in group],
                                 sampling, at_turn)
-            return [ids for ids, _ in groups], [[self._sample(e) for e in group] for _, group in groups]
+            return self._played(groups, sampling.temperature)
         finally:
             list(self._pool.map(self.sessions.close, [s.episode_id for s in sessions if not s.failed]))
 
@@ -183,7 +183,7 @@ class EpisodeDriver:
             wait(loops)   # every loop has ended, even when one failed
         for loop in loops:
             loop.result()
-        return [ids for ids, _ in groups], [[self._sample(e) for e in group] for _, group in groups]
+        return self._played(groups, sampling.temperature)
 
     def _loop(self, batcher, episode: _Live, turn: SamplingSettings, index: int, at_turn) -> None:
         """One episode to its end: a turn, its step, the next turn as soon as the step returned. Seeded runs
@@ -288,16 +288,17 @@ class EpisodeDriver:
             return
         episode.add(observation, (), (), sampled=False)
 
-    def _sample(self, episode: _Live) -> Sample:
+    def _played(self, groups: list[tuple[list[int], list[_Live]]], temperature: float):
+        return [ids for ids, _ in groups], [[self._trajectory(e, temperature) for e in group] for _, group in groups]
+
+    def _trajectory(self, episode: _Live, temperature: float) -> Trajectory:
         record = episode.record
         record.transcript = self.renderer.tokenizer.decode(episode.tokens, skip_special_tokens=False)
         truncated = record.ended_reason in TRUNCATING or episode.last_finish == FINISH_LENGTH
-        return Sample(token_ids=np.asarray(episode.tokens, dtype=np.int32),
-                      logprobs=np.asarray(episode.logprobs, dtype=np.float32),
-                      finish_reason=FINISH_LENGTH if truncated else FINISH_STOP, text=episode.last_text,
-                      loss_mask=np.asarray(episode.mask, dtype=np.uint8), episode=record,
-                      versions=np.asarray(episode.versions, dtype=np.int64),
-                      support=episode.support)
+        return Trajectory(prompt_ids=episode.prefix, response_ids=episode.tokens, logprobs=episode.logprobs,
+                          loss_mask=episode.mask, versions=carried_versions(episode.versions, episode.mask),
+                          finish_reason=FINISH_LENGTH if truncated else FINISH_STOP, temperature=temperature,
+                          text=episode.last_text, support=episode.support, episode=record)
 
     def close(self) -> None:
         self._loops.shutdown(wait=False, cancel_futures=True)

@@ -11,12 +11,8 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    # The engine brings torch; the launcher reads this module's names before anything starts.
-    from zerobubble.rollout.engine import Sample
-
+from zerobubble.common.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 FIRST_ERROR, ALL_FAILED, STOPPED = "first_error", "all_failed", "stopped"
@@ -34,7 +30,7 @@ class FailureWatch:
         self.first_errors: dict[tuple[str, str], str] = {}
         self.failed_batches = 0   # in a row
 
-    def observe(self, samples: Sequence[Sequence[Sample]]) -> None:
+    def observe(self, samples: Sequence[Sequence[Trajectory]]) -> None:
         """One batch's responses; raises EnvironmentsFailing when the run should stop."""
         records = [s.episode for group in samples for s in group if s.episode is not None]
         if not records:

@@ -10,22 +10,23 @@ from zerobubble.common.config import ClientConfig, ConfigError
 from zerobubble.common.episodes import EpisodeRoute, EpisodeSpec
 from zerobubble.common.persistence import until_done
 from zerobubble.common.run_spec import RunSpec
-from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
+from zerobubble.common.trajectory import Trajectory
+from zerobubble.rollout.engine import Engine, SamplingSettings
 from zerobubble.rollout.episodes.driver import EpisodeDriver, EpisodePrompt
 from zerobubble.rollout.episodes.render import TurnRenderer
-from zerobubble.rollout.experience import score_requests
+from zerobubble.rollout.experience import score_requests, single_turn
 from zerobubble.rollout.prompting import RoutedPrompts
 from zerobubble.v1 import common_pb2, reward_pb2
 
 ScoreBatch = Callable[[list[reward_pb2.ScoreRequest]], list[reward_pb2.ScoreResult]]
 
 
-def episode_score(route: EpisodeRoute, sample: Sample,
+def episode_score(route: EpisodeRoute, trajectory: Trajectory,
                   verdict: reward_pb2.ScoreResult | None) -> reward_pb2.ScoreResult:
     """The verifier's verdict (when the route asks for one) plus or instead of the environment's reward. Without a
     verifier, the answer counts as right when the last step's info says `answer_ok`, else when the reward is
     above 0; the format is right when the environment ended the episode."""
-    record = sample.episode
+    record = trajectory.episode
     from_environment = record.environment_reward(route.environment_reward)
     if route.reward == "verifier":
         return verdict
@@ -50,18 +51,22 @@ class Player:
         return self.episodes.route(prompt.data_source if prompt.HasField("data_source") else None)
 
     def play(self, engine: Engine, prompts: Sequence[common_pb2.Prompt], sampling: SamplingSettings,
-             at_turn: Callable[[], None] | None = None) -> tuple[list[list[int]], list[list[Sample]]]:
-        """Each prompt's ids and its `sampling.n` responses, in the prompts' order; `at_turn` between an
+             at_turn: Callable[[], None] | None = None) -> tuple[list[list[int]], list[list[Trajectory]]]:
+        """Each prompt's ids and its `sampling.n` trajectories, in the prompts' order; `at_turn` between an
         episode's turns (see EpisodeDriver.play)."""
         routes = [self.route(p) for p in prompts]
         single = [i for i, r in enumerate(routes) if r is None]
         episodic = [i for i, r in enumerate(routes) if r is not None]
         prompt_ids: list[list[int] | None] = [None] * len(prompts)
-        samples: list[list[Sample] | None] = [None] * len(prompts)
+        samples: list[list[Trajectory] | None] = [None] * len(prompts)
         if single:
             ids = [self.prompts.build(prompts[i]) for i in single]
-            for i, own_ids, own in zip(single, ids, engine.generate(ids, sampling), strict=True):
-                prompt_ids[i], samples[i] = own_ids, own
+            generated = engine.generate(ids, sampling)
+            version = engine.policy_version
+            for i, own_ids, own in zip(single, ids, generated, strict=True):
+                prompt_ids[i] = own_ids
+                samples[i] = [single_turn(own_ids, sample, policy_version=version, temperature=sampling.temperature)
+                              for sample in own]
         if episodic:
             items = [EpisodePrompt(prompts[i], routes[i], self.prompts.builder(prompts[i])) for i in episodic]
             ids, played = self.driver.play(engine, items, sampling, at_turn)
@@ -70,7 +75,7 @@ class Player:
         return prompt_ids, samples
 
     def score(self, score_batch: ScoreBatch, prompts: Sequence[common_pb2.Prompt],
-              samples: Sequence[Sequence[Sample]], *, partial_credit: bool = False,
+              samples: Sequence[Sequence[Trajectory]], *, partial_credit: bool = False,
               prompt_texts: Sequence[str] | None = None) -> list[list[reward_pb2.ScoreResult]]:
         """Every response's score; the verifier is asked only for those whose route wants its verdict."""
         requests, asked = [], set()

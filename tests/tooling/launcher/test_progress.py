@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from zerobubble.rollout.engine import Sample
+from zerobubble.common.trajectory import EpisodeRecord, Trajectory
 from zerobubble.rollout.episodes.failures import EnvironmentsFailing, FailureWatch
-from zerobubble.rollout.episodes.record import EpisodeRecord
 from zerobubble.rollout.evaluation import write_progress
 from zerobubble.tooling.launcher.failures import FAILURE_LOG, EnvironmentsFailed, FailureFollower
 from zerobubble.tooling.launcher.progress import ProgressLine
@@ -119,9 +117,10 @@ def test_a_step_whose_episodes_all_failed_is_a_warning_and_the_line_counts_failu
     assert "env failures 8/8 (error 6, bad_reply 2)" in out
 
 
-def failed(environment: str, reason: str, error: str) -> Sample:
-    return Sample(token_ids=np.zeros(1, dtype=np.int32), logprobs=np.zeros(1, dtype=np.float32), finish_reason="stop",
-                  text="", episode=EpisodeRecord(environment, turns=1, ended_reason=reason, error=error))
+def failed(environment: str, reason: str, error: str) -> Trajectory:
+    return Trajectory(prompt_ids=[3], response_ids=[0], logprobs=[0.0], loss_mask=[1], versions=[0],
+                      finish_reason="stop", temperature=1.0,
+                      episode=EpisodeRecord(environment, turns=1, ended_reason=reason, error=error))
 
 
 def test_the_console_shows_each_first_error_and_a_workers_stop_ends_the_run_naming_it(tmp_path):
