@@ -41,7 +41,8 @@ class TinkerServerConfig(Schema):
     max_tokens_per_request: int = Field(65536, gt=0, description="tokens of all data of one forward_backward")
     max_new_tokens: int = Field(1024, gt=0, description="largest sampling_params.max_tokens")
     default_max_new_tokens: int = Field(128, gt=0, description="max_tokens when a sample request sets none")
-    max_samples_per_request: int = Field(64, gt=0, description="largest num_samples of one sample request")
+    max_samples_per_request: int = Field(64, gt=0, description="largest num_samples of one sample request, and "
+                                         "of the waiting requests sampled together in one batch")
     seed: int = Field(0, description="seed of the sampling engine's own stream")
 
     @field_validator("model_dir")

@@ -1,9 +1,15 @@
 """The sampling clients: the rollout service's generation engine (rollout/engine_factory.py) over the base model,
 with a sampler's saved adapter merged in before its requests (the engine keeps the base apart, so each adapter
-replaces the one before). Log-probs are the engine's: of each token under the distribution it was drawn from."""
+replaces the one before). Log-probs are the engine's: of each token under the distribution it was drawn from.
+
+Requests waiting for the worker that share weights and settings are sampled in one generate call: an RL loop asks
+one sample per request (tinker-cookbook's rollouts do, one per episode), and one batch of a group's prompts costs
+about what one prompt does on a small model. A request with a seed of its own is sampled alone, so that its
+draws depend on nothing else queued."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +31,26 @@ class SamplerWeights:
     adapter: Weights | None               # None: the base model
 
 
+@dataclass(eq=False)
+class _Request:
+    weights: SamplerWeights
+    prompt: list[int]
+    settings: SamplingSettings
+    result: list[Sequence] | None = None
+
+    def joins(self, other: _Request) -> bool:
+        return (self.settings.seed is None and other.weights.key == self.weights.key
+                and other.settings == self.settings)
+
+
 class Sampler:
-    def __init__(self, model_dir: Path, *, seed: int, max_new_tokens: int, default_max_new_tokens: int):
+    def __init__(self, model_dir: Path, *, seed: int, max_new_tokens: int, default_max_new_tokens: int,
+                 max_batch_samples: int):
         self.engine = make_engine("transformers", model_dir, device="cpu", dtype="float32", seed=seed)
         self.tokenizer = self.engine.tokenizer
+        self._waiting: list[_Request] = []
+        self._waiting_lock = threading.Lock()   # requests are queued by the event loop, taken by the worker
+        self._max_batch_samples = max_batch_samples
         self._loaded = ""
         self._last_adapter: Weights | None = None
         self._version = 0
@@ -65,10 +87,37 @@ class Sampler:
             texts.append(self.tokenizer.decode([token]))
         return tuple(texts)
 
-    def sample(self, weights: SamplerWeights, prompt: list[int], settings: SamplingSettings) -> list[Sequence]:
-        self._load(weights)
-        samples = self.engine.generate([prompt], settings)[0]
-        return [Sequence(tokens=s.token_ids, logprobs=s.logprobs, stopped=s.finish_reason == "stop") for s in samples]
+    def queue(self, weights: SamplerWeights, prompt: list[int], settings: SamplingSettings) -> _Request:
+        """A request waiting for the worker; `take` samples it, `forget` withdraws it."""
+        request = _Request(weights, prompt, settings)
+        with self._waiting_lock:
+            self._waiting.append(request)
+        return request
+
+    def forget(self, request: _Request) -> None:
+        with self._waiting_lock:
+            self._waiting = [other for other in self._waiting if other is not request]
+
+    def take(self, request: _Request) -> list[Sequence]:
+        """The request's sequences (on the worker thread): sampled with every waiting request it can join, unless
+        an earlier request's batch already took it."""
+        if request.result is not None:
+            return request.result
+        with self._waiting_lock:
+            batch, samples = [request], request.settings.n
+            for other in self._waiting:
+                fits = samples + other.settings.n <= self._max_batch_samples
+                if other is not request and request.joins(other) and fits:
+                    batch.append(other)
+                    samples += other.settings.n
+            self._waiting = [other for other in self._waiting if all(other is not taken for taken in batch)]
+        self._load(request.weights)
+        # If this fails, the others of the batch have no result and their own work samples them again.
+        outputs = self.engine.generate([member.prompt for member in batch], request.settings)
+        for member, samples in zip(batch, outputs, strict=True):
+            member.result = [Sequence(tokens=s.token_ids, logprobs=s.logprobs, stopped=s.finish_reason == "stop")
+                             for s in samples]
+        return request.result
 
     def _load(self, weights: SamplerWeights) -> None:
         if weights.key == self._loaded:

@@ -36,7 +36,8 @@ class TinkerService:
         self.models = TrainingModels(config.model_dir, max_models=config.max_models, max_rank=config.max_lora_rank,
                                      alpha=config.lora_alpha, max_tokens=config.max_tokens_per_request)
         self.sampler = Sampler(config.model_dir, seed=config.seed, max_new_tokens=config.max_new_tokens,
-                               default_max_new_tokens=config.default_max_new_tokens)
+                               default_max_new_tokens=config.default_max_new_tokens,
+                               max_batch_samples=config.max_samples_per_request)
         self.futures = Futures(config.max_pending_per_session, config.max_finished)
         self.sessions: dict[str, float] = {}   # session id -> when it was last heard from
         self.checkpoints: OrderedDict[str, SamplerWeights] = OrderedDict()
@@ -234,8 +235,13 @@ class TinkerService:
         if context and len(prompt) + settings.max_new_tokens > context:
             raise invalid("prompt", f"{len(prompt)} tokens and max_tokens {settings.max_new_tokens} are over the "
                           f"model's context of {context}")
-        request_id = self.futures.submit(
-            session.session_id, lambda: encode_sample(self.sampler.sample(session.weights, prompt, settings), None))
+        queued = self.sampler.queue(session.weights, prompt, settings)
+        try:
+            request_id = self.futures.submit(session.session_id,
+                                             lambda: encode_sample(self.sampler.take(queued), None))
+        except Refused:
+            self.sampler.forget(queued)
+            raise
         return request_id, [f"{request_id}:{i}" for i in range(request.num_samples)]
 
     def close(self) -> None:
