@@ -77,11 +77,20 @@ const PANELS = [
     ["pull wait seconds", ["pull_wait_seconds"]], ["step seconds", ["step_seconds"]],
     ["tokens per second", ["tokens_per_second"]],
   ]],
+  // Only in runs that record them: what the behaviour log-probs say against the trainer's (the engines' gap on
+  // tokens of the weights trained, staleness apart; what the corrections did) and the teacher's reverse KL.
+  ["Off-policy", [
+    ["rollout-trainer gap", ["rollout_gap_kl", "rollout_gap_abs"]],
+    ["behaviour weight", ["behaviour_weight_mean", "behaviour_weight_max"]],
+    ["corrected tokens", ["mismatch_masked_fraction", "behaviour_weight_capped_fraction"]],
+    ["reverse KL to the teacher", ["teacher_reverse_kl"]],
+  ]],
   // Only in runs with episodes: how many ended by their environment failing, in all and by reason.
   ["Episodes", [
     ["episodes failed in their environment", (keys) => keys.filter((k) => k.startsWith("episodes_failed"))],
   ]],
 ];
+const OPTIONAL_SECTIONS = new Set(["Off-policy", "Episodes"]);
 const COLOURS = ["#0969da", "#cf222e", "#2da44e", "#8250df", "#bf8700", "#1b7c83"];
 
 // Axis labels in three significant digits, so they fit the margin.
@@ -140,7 +149,7 @@ function renderCurves(main) {
       const series = keys.map(metricSeries).filter((s) => s.points.length);
       if (series.length) row.append(chart(title, series, "step"));
     }
-    if (row.childElementCount || section !== "Episodes") main.append(h("h2", {}, section), row);
+    if (row.childElementCount || !OPTIONAL_SECTIONS.has(section)) main.append(h("h2", {}, section), row);
   }
   main.append(h("h2", {}, "Evaluations"));
   const byDataset = {};
