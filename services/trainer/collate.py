@@ -1,31 +1,28 @@
-"""Ragged experience groups -> padded tensors for one training step.
+"""Experience groups -> one training step's batch, each sample one flat masked sequence.
 
-Layout: prompts are left-padded to the longest prompt P and responses right-padded to the longest
-response T, so every response token sits in columns P..P+T-1 and is predicted by the logits of
-columns P-1..P+T-2 for every sample alike.
+A sample is its prompt and response ids end to end, without padding: what the model reads, packed once into rows
+by trainer/sequences.py (or padded there, for a model that cannot take packed rows). What the loss reads is per
+response token, [N, T] with T the longest response: the loss mask (1 where the model sampled the token: never
+padding, never an episode's observations), behaviour log-probs, versions and sampling support.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
-from zerobubble.common.codec import decode_array
 from zerobubble.common.errors import InvalidInput
-from zerobubble.common.token_versions import per_token
+from zerobubble.common.trajectory_messages import group_trajectories
 from zerobubble.v1 import common_pb2
 
 
 @dataclass
 class ExperienceBatch:
-    input_ids: torch.Tensor           # [N, P+T] long
-    attention_mask: torch.Tensor      # [N, P+T] long
-    position_ids: torch.Tensor        # [N, P+T] long: positions restart after the left padding
-    response_ids: torch.Tensor        # [N, T] long
+    sequences: list[torch.Tensor]     # N x [P_i + T_i] long: each sample's prompt then response ids, no padding
+    prompt_lengths: torch.Tensor      # [N] long: P_i
     response_mask: torch.Tensor       # [N, T] float: 1 on response tokens the model sampled (not on padding, nor
                                       # on an episode's observation tokens): the positions the loss counts
     behaviour_logprobs: torch.Tensor  # [N, T] float32: under the distribution each token was drawn from
@@ -42,7 +39,7 @@ class ExperienceBatch:
     # sample of the batch was truncated. The trainer's log-probs are taken over the same support.
     support: torch.Tensor | None
     group_size: int                   # G: samples i*G..(i+1)*G-1 answer the same prompt
-    prompt_length: int                # P
+    pad_id: int                       # for a layout that pads
 
     @property
     def size(self) -> int:
@@ -50,67 +47,38 @@ class ExperienceBatch:
 
     @property
     def response_lengths(self) -> torch.Tensor:
+        """The model's tokens of each sample (an episode's observations not among them)."""
         return self.response_mask.sum(dim=1)
+
+    @property
+    def sequence_lengths(self) -> torch.Tensor:
+        """[N] each sample's prompt + response tokens: what a packed forward costs it."""
+        return torch.tensor([len(s) for s in self.sequences], dtype=torch.long)
 
     def select(self, index: torch.Tensor | slice) -> ExperienceBatch:
         """The samples at `index` (a micro-batch); group structure is not kept."""
+        picked = range(self.size)[index] if isinstance(index, slice) else index.tolist()
         parts = {}
         for field in fields(self):
             value = getattr(self, field.name)
-            parts[field.name] = value[index] if isinstance(value, torch.Tensor) else value
+            if isinstance(value, torch.Tensor):
+                value = value[index]
+            elif isinstance(value, list):
+                value = [value[i] for i in picked]
+            parts[field.name] = value
         return ExperienceBatch(**parts)
 
 
 def unusable(group: common_pb2.ExperienceGroup, vocab_size: int) -> str:
     """Why training on this group would poison or crash the step ("" when it would not): the trainer's own
-    check, whatever the buffer let through (a buffer configured without the vocabulary size, or another
-    version of it)."""
+    check, the buffer's (common/trajectory.py), whatever the buffer let through (a buffer configured without the
+    vocabulary size, or another version of it)."""
     try:
-        arrays = [("prompt_ids", decode_array(group.prompt_ids, "prompt_ids", dtype="int32", ndim=1))]
-        for i, trajectory in enumerate(group.trajectories):
-            where = f"trajectories[{i}]"
-            arrays.append((f"{where}.response_ids", decode_array(
-                trajectory.response_ids, f"{where}.response_ids", dtype="int32", ndim=1)))
-            logprobs = decode_array(trajectory.behaviour_logprobs, f"{where}.behaviour_logprobs",
-                                    dtype="float32", ndim=1)
-            if not np.isfinite(logprobs).all():
-                return f"{where}.behaviour_logprobs: not finite"
-            if not math.isfinite(trajectory.reward):
-                return f"{where}.reward: not finite ({trajectory.reward})"
-            loss_mask(trajectory, where)
-            sampling_support(trajectory, where, vocab_size)
-            if not (math.isfinite(trajectory.temperature) and trajectory.temperature > 0):
-                return f"{where}.temperature: must be finite and above 0, got {trajectory.temperature}"
+        for i, trajectory in enumerate(group_trajectories(group)):
+            trajectory.check(f"trajectories[{i}]", vocab_size=vocab_size)
     except InvalidInput as exc:
         return str(exc)
-    for field, ids in arrays:
-        if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
-            return f"{field}: token ids outside [0, {vocab_size})"
     return ""
-
-
-def loss_mask(trajectory: common_pb2.Trajectory, where: str) -> torch.Tensor | None:
-    """Which response tokens the model sampled (None: all of them); the observation tokens of an episode are
-    context the model reads, never targets it learns."""
-    if not trajectory.HasField("loss_mask"):
-        return None
-    mask = decode_array(trajectory.loss_mask, f"{where}.loss_mask", dtype="uint8", ndim=1)
-    if len(mask) != len(trajectory.response_ids.data) // 4 or mask.max(initial=0) > 1 or not mask.any():
-        raise InvalidInput("must hold one 0 or 1 per response token, at least one of them 1",
-                           field=f"{where}.loss_mask")
-    return torch.from_numpy(mask.astype(np.float32))
-
-
-def sampling_support(trajectory: common_pb2.Trajectory, where: str, vocab_size: int | None = None) -> np.ndarray | None:
-    """How many tokens each position's sampling kept (None: the whole vocabulary everywhere)."""
-    if not trajectory.HasField("sampling_support"):
-        return None
-    kept = decode_array(trajectory.sampling_support, f"{where}.sampling_support", dtype="int32", ndim=1)
-    top = vocab_size if vocab_size is not None else np.iinfo(np.int32).max
-    if len(kept) != len(trajectory.response_ids.data) // 4 or kept.min(initial=0) < 0 or kept.max(initial=0) > top:
-        raise InvalidInput(f"must hold one count per response token, each from 0 to {top}",
-                           field=f"{where}.sampling_support")
-    return kept
 
 
 def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> ExperienceBatch:
@@ -119,56 +87,39 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
     sizes = {len(g.trajectories) for g in groups}
     if len(sizes) != 1:
         raise ValueError(f"groups of one step must have the same number of trajectories, got {sorted(sizes)}")
-    prompts, responses, behaviour, masks, drawn_by, kept = [], [], [], [], [], []
-    for g_index, group in enumerate(groups):
-        prompt = torch.tensor(decode_array(group.prompt_ids, f"groups[{g_index}].prompt_ids", ndim=1))
-        for t_index, trajectory in enumerate(group.trajectories):
-            where = f"groups[{g_index}].trajectories[{t_index}]"
-            prompts.append(prompt)
-            responses.append(torch.tensor(decode_array(trajectory.response_ids, f"{where}.response_ids", ndim=1)))
-            behaviour.append(torch.from_numpy(
-                decode_array(trajectory.behaviour_logprobs, f"{where}.behaviour_logprobs", ndim=1)))
-            masks.append(loss_mask(trajectory, where))
-            drawn_by.append(torch.from_numpy(per_token(trajectory, len(responses[-1]))))
-            kept.append(sampling_support(trajectory, where))
-    n = len(responses)
-    p_len = max(len(p) for p in prompts)
-    t_len = max(len(r) for r in responses)
-    input_ids = torch.full((n, p_len + t_len), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, p_len + t_len), dtype=torch.long)
+    trajectories = [t for group in groups for t in group_trajectories(group)]
+    n = len(trajectories)
+    t_len = max(len(t.response_ids) for t in trajectories)
     response_mask = torch.zeros((n, t_len))
     behaviour_logprobs = torch.zeros((n, t_len))
-    trajectories = [t for g in groups for t in g.trajectories]
-    versions = torch.tensor([t.policy_version for t in trajectories], dtype=torch.long)
+    versions = torch.tensor([int(t.versions.min()) for t in trajectories], dtype=torch.long)
     token_versions = versions[:, None].repeat(1, t_len)
-    support = None if all(k is None for k in kept) else torch.zeros((n, t_len), dtype=torch.long)
-    for i, (prompt, response, logprobs, mask) in enumerate(zip(prompts, responses, behaviour, masks, strict=True)):
-        input_ids[i, p_len - len(prompt):p_len] = prompt
-        input_ids[i, p_len:p_len + len(response)] = response
-        attention_mask[i, p_len - len(prompt):p_len + len(response)] = 1
-        response_mask[i, :len(response)] = 1 if mask is None else mask
-        behaviour_logprobs[i, :len(logprobs)] = logprobs
-        token_versions[i, :len(response)] = drawn_by[i]
-        if support is not None and kept[i] is not None:
-            support[i, :len(response)] = torch.from_numpy(kept[i].astype(np.int64))
+    truncating = any(t.support is not None for t in trajectories)
+    support = torch.zeros((n, t_len), dtype=torch.long) if truncating else None
+    for i, t in enumerate(trajectories):
+        length = len(t.response_ids)
+        response_mask[i, :length] = torch.from_numpy(t.loss_mask.astype(np.float32))
+        behaviour_logprobs[i, :length] = torch.from_numpy(t.logprobs)
+        token_versions[i, :length] = torch.from_numpy(t.versions)
+        if support is not None and t.support is not None:
+            support[i, :length] = torch.from_numpy(t.support.astype(np.int64))
     return ExperienceBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0),
-        response_ids=input_ids[:, p_len:].clone(),
+        sequences=[torch.from_numpy(np.concatenate([t.prompt_ids, t.response_ids]).astype(np.int64))
+                   for t in trajectories],
+        prompt_lengths=torch.tensor([len(t.prompt_ids) for t in trajectories], dtype=torch.long),
         response_mask=response_mask,
         behaviour_logprobs=behaviour_logprobs,
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         answer_ok=torch.tensor([t.answer_ok for t in trajectories]),
         format_ok=torch.tensor([t.format_ok for t in trajectories]),
-        truncated=torch.tensor([t.finish_reason == common_pb2.FINISH_REASON_LENGTH for t in trajectories]),
+        truncated=torch.tensor([t.truncated for t in trajectories]),
         temperatures=torch.tensor([t.temperature for t in trajectories], dtype=torch.float32),
         versions=versions,
         token_versions=token_versions,
-        turns=torch.tensor([t.episode.turns if t.HasField("episode") else 1 for t in trajectories],
-                           dtype=torch.float32),
-        tool_calls=torch.tensor([t.episode.tool_calls for t in trajectories], dtype=torch.float32),
+        turns=torch.tensor([t.episode.turns if t.episode else 1 for t in trajectories], dtype=torch.float32),
+        tool_calls=torch.tensor([t.episode.tool_calls if t.episode else 0 for t in trajectories],
+                                dtype=torch.float32),
         support=support,
         group_size=sizes.pop(),
-        prompt_length=p_len,
+        pad_id=pad_id,
     )

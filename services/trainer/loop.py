@@ -61,7 +61,7 @@ def experience_figures(batch: ExperienceBatch, policy_version: int) -> dict[str,
         "staleness_max": float(behind.max()),
         "staleness_token_mean": float((tokens_behind * batch.response_mask).sum() / batch.response_mask.sum()),
         "samples": float(batch.size),
-        "tokens": float(batch.attention_mask.sum()),
+        "tokens": float(batch.sequence_lengths.sum()),
         # Of multi-turn episodes (single-turn samples count one turn, no tool call).
         "turns_mean": float(batch.turns.mean()),
         "tool_calls_mean": float(batch.tool_calls.mean()),

@@ -1,11 +1,13 @@
-"""How a micro-batch of samples goes through the model to give its response log-probs: packed end to end or padded,
-and the log-probs read from the last hidden states a chunk of positions at a time, or from full logits.
+"""How a micro-batch of samples (each one flat sequence, trainer/collate.py) goes through the model to give its
+response log-probs: packed end to end once, or padded, and the log-probs read from the last hidden states a chunk
+of positions at a time, or from full logits.
 
 - packed: every sample's prompt + response, without padding, one after another in rows as long as the longest
   sample, position ids restarting at each sample; transformers keeps attention inside each sample when the
   attention implementation builds its mask from position ids (sdpa, eager, flex) or reads them as
   variable-length boundaries (flash).
-- padded: the collated rows, cut to this micro-batch's longest prompt and response.
+- padded: the micro-batch's samples in rows of their own, each prompt left-padded to the longest prompt and each
+  response right-padded to the longest response (the full-logits forward pads to the batch's longest response).
 - chunked log-probs: the model's output projection is replaced, for the one forward call, by a function that
   takes the hidden states of the positions that predict response tokens only, and computes their log-probs and
   entropy in chunks (trainer/algorithms/head_logprobs.py). It runs inside the model's forward, so whatever the
@@ -85,11 +87,6 @@ def choose_layout(model: nn.Module, *, chunk: int | None, packing: bool, what: s
     return Layout(chunk=chunk, packed=packing)
 
 
-def sample_tokens(batch: ExperienceBatch) -> Tensor:
-    """Each sample's real tokens, prompt and response: what a packed forward costs it."""
-    return batch.attention_mask.sum(dim=1)
-
-
 @dataclass(frozen=True)
 class _ModelInputs:
     input_ids: Tensor          # [B, L]
@@ -107,41 +104,47 @@ def _counted(batch: ExperienceBatch) -> tuple[Tensor, Tensor]:
 
 
 def _packed(batch: ExperienceBatch) -> _ModelInputs:
-    real = batch.attention_mask.bool()
-    lengths = real.sum(dim=1)
-    prompt_lengths = real[:, : batch.prompt_length].sum(dim=1)
+    lengths = batch.sequence_lengths
     # Rows as long as the longest sample: one row of everything would make attention, whose mask spans the whole
     # row, cost the square of the micro-batch's tokens; rows of the longest never cost more than padding would.
     rows = by_token_budget(lengths, int(lengths.max()), padded=False)
     width = max(int(lengths[row].sum()) for row in rows)
-    input_ids = torch.zeros((len(rows), width), dtype=batch.input_ids.dtype)
+    input_ids = torch.zeros((len(rows), width), dtype=torch.long)
     position_ids = torch.zeros((len(rows), width), dtype=torch.long)
     starts = torch.zeros(batch.size, dtype=torch.long)
     for r, row in enumerate(rows):
         offset = 0
         for i in row:
             n = int(lengths[i])
-            # A row's real tokens are contiguous: the left-padded prompt, then the response.
-            input_ids[r, offset : offset + n] = batch.input_ids[i][real[i]]
+            input_ids[r, offset : offset + n] = batch.sequences[i]
             position_ids[r, offset : offset + n] = torch.arange(n)
             starts[i] = r * width + offset
             offset += n
         # The row's unused end is a sequence of its own, which nothing reads and no sample attends to.
         position_ids[r, offset:] = torch.arange(width - offset)
     sample, column = _counted(batch)
-    predicting = starts[sample] + prompt_lengths[sample] + column - 1
+    predicting = starts[sample] + batch.prompt_lengths[sample] + column - 1
     return _ModelInputs(input_ids, position_ids, None, predicting, sample, column)
 
 
+def padded_inputs(batch: ExperienceBatch, response_width: int) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Rows of input ids, attention mask and position ids [n, P + response_width], each prompt left-padded to the
+    longest prompt P so that every response starts in column P (which is returned)."""
+    width = int(batch.prompt_lengths.max())
+    input_ids = torch.full((batch.size, width + response_width), batch.pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, (sequence, prompt) in enumerate(zip(batch.sequences, batch.prompt_lengths.tolist(), strict=True)):
+        input_ids[i, width - prompt : width - prompt + len(sequence)] = sequence
+        attention_mask[i, width - prompt : width - prompt + len(sequence)] = 1
+    return input_ids, attention_mask, (attention_mask.cumsum(dim=1) - 1).clamp(min=0), width
+
+
 def _padded(batch: ExperienceBatch) -> _ModelInputs:
-    real = batch.attention_mask.bool()
-    first = batch.prompt_length - int(real[:, : batch.prompt_length].sum(dim=1).max())
-    last = batch.prompt_length + int(real[:, batch.prompt_length :].sum(dim=1).max())
-    width = last - first
+    input_ids, attention_mask, position_ids, prompt_width = padded_inputs(
+        batch, int((batch.sequence_lengths - batch.prompt_lengths).max()))
     sample, column = _counted(batch)
-    predicting = sample * width + (batch.prompt_length - first) + column - 1
-    return _ModelInputs(batch.input_ids[:, first:last], batch.position_ids[:, first:last],
-                        batch.attention_mask[:, first:last], predicting, sample, column)
+    predicting = sample * input_ids.size(1) + prompt_width + column - 1
+    return _ModelInputs(input_ids, position_ids, attention_mask, predicting, sample, column)
 
 
 @contextlib.contextmanager
@@ -163,10 +166,12 @@ def forward_logprobs(model: nn.Module, batch: ExperienceBatch, *, with_entropy: 
     # A greedy sample (temperature 0) was drawn from the raw distribution.
     temperatures = torch.where(batch.temperatures > 0, batch.temperatures, 1.0)
     if layout.chunk is None:
-        logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                       position_ids=batch.position_ids.to(device)).logits
-        start = torch.full((batch.size,), batch.prompt_length, device=device)
-        return token_logprobs_and_entropy(logits, batch.input_ids.to(device), start,
+        input_ids, attention_mask, position_ids, prompt_width = padded_inputs(batch, batch.response_mask.size(1))
+        input_ids = input_ids.to(device)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask.to(device),
+                       position_ids=position_ids.to(device)).logits
+        start = torch.full((batch.size,), prompt_width, device=device)
+        return token_logprobs_and_entropy(logits, input_ids, start,
                                           batch.response_mask.to(device), temperatures.to(device),
                                           with_entropy=with_entropy,
                                           support=None if batch.support is None else batch.support.to(device))

@@ -21,12 +21,9 @@ TEACHER_BACKOFF_MAX_SECONDS = 5.0
 
 
 def teacher_sequences(batch: ExperienceBatch) -> list[tuple[np.ndarray, int]]:
-    """Each sample's prompt and response ids without padding, and where its response starts."""
-    sequences = []
-    for ids, attended in zip(batch.input_ids, batch.attention_mask.bool(), strict=True):
-        prompt = int(attended[:batch.prompt_length].sum())
-        sequences.append((ids[attended].numpy().astype(np.int32), prompt))
-    return sequences
+    """Each sample's prompt and response ids, and where its response starts."""
+    return [(sequence.numpy().astype(np.int32), int(prompt))
+            for sequence, prompt in zip(batch.sequences, batch.prompt_lengths, strict=True)]
 
 
 class TeacherScores:

@@ -18,7 +18,7 @@ from zerobubble.trainer.algorithms.presets import AlgorithmConfig
 from zerobubble.trainer.collate import ExperienceBatch
 from zerobubble.trainer.figures import FIGURES
 from zerobubble.trainer.micro_batches import plan_micro_batches
-from zerobubble.trainer.sequences import choose_layout, forward_logprobs, sample_tokens
+from zerobubble.trainer.sequences import choose_layout, forward_logprobs
 from zerobubble.trainer.strategies.base import Strategy
 
 
@@ -44,7 +44,7 @@ class ModelPass:
 
     def micro_batches(self, batch: ExperienceBatch, indices: torch.Tensor,
                       agree: Callable[[int], int]) -> list[torch.Tensor]:
-        return plan_micro_batches(indices, sample_tokens(batch), samples=self.settings.micro_batch_samples,
+        return plan_micro_batches(indices, batch.sequence_lengths, samples=self.settings.micro_batch_samples,
                                   budget=self.settings.max_tokens_per_micro_batch, padded=not self.layout.packed,
                                   agree=agree)
 

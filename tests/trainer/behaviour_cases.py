@@ -11,6 +11,7 @@ from strategy_helpers import VOCAB
 from transformers import AutoModelForCausalLM
 
 from zerobubble.common.codec import encode_array
+from zerobubble.trainer.sequences import padded_inputs
 from zerobubble.v1 import common_pb2
 
 GROUPS, GENERATIONS = 2, 4
@@ -46,7 +47,8 @@ def behaviour_groups(model_dir, shift: Callable[[int, int, int], float] | float,
 def own_logprobs(model_dir, batch) -> torch.Tensor:
     """[N, T] the model's log-probs of the batch's response tokens (float64, one plain forward)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir)
+    input_ids, attention_mask, position_ids, prompt_width = padded_inputs(batch, batch.response_mask.size(1))
     with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids).logits[:, batch.prompt_length - 1:-1].double()
-    return torch.log_softmax(logits, -1).gather(2, batch.response_ids[..., None]).squeeze(-1)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids).logits[:, prompt_width - 1:-1].double()
+    return torch.log_softmax(logits, -1).gather(2, input_ids[:, prompt_width:, None]).squeeze(-1)

@@ -146,7 +146,7 @@ def test_no_tensor_of_positions_by_vocabulary_exists_in_forward_or_backward():
     vocab = 4096
     model = tiny_qwen2(vocab=vocab)
     batch = collate(groups(vocab=vocab, count=4, size=4), pad_id=0)
-    positions = int(batch.attention_mask.sum())
+    positions = int(batch.sequence_lengths.sum())
     sizes = {}
     for name, layout in (("full", FULL), ("chunked", Layout(chunk=8, packed=True))):
         with LargestTensor() as seen:

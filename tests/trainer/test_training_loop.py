@@ -182,7 +182,7 @@ def healthy_group() -> common_pb2.ExperienceGroup:
     group = common_pb2.ExperienceGroup(prompt_ids=encode_array(np.arange(3, 9, dtype=np.int32)))
     group.trajectories.add(response_ids=encode_array(np.arange(3, 7, dtype=np.int32)),
                            behaviour_logprobs=encode_array(np.full(4, -1.0, dtype=np.float32)),
-                           reward=1.0, temperature=1.0)
+                           finish_reason=common_pb2.FINISH_REASON_STOP, reward=1.0, temperature=1.0)
     return group
 
 

@@ -100,7 +100,7 @@ def _run_path(conn, model_dir: str, settings: dict[str, Any], groups: list[bytes
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - began
-    tokens = int(batch.attention_mask.sum())
+    tokens = int(batch.sequence_lengths.sum())
     out: dict[str, Any] = {"step_seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1),
                            "loss": figures["loss"]}
     if device == "cuda":
