@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import importlib
+import io
 import json
 import logging
 import os
@@ -153,6 +155,7 @@ BENCHES = {
     "episodes": ("bench.episodes", "multi-turn episodes vs the same tokens single-turn: the cost of turns"),
     "learning": ("bench.learning", "the demo vs TRL's GRPOTrainer: pass@1 gained per sample and minute"),
     "environment": ("bench.environment", "environment service: open and step latency, steps/s of episodes at once"),
+    "tinker": ("bench.tinker", "the tinker-cookbook's RL loop against the Tinker front vs up: pass@1 gained a minute"),
     "refusals": ("bench.refusals", "seconds for up and serve to refuse bad input at load 4, vs python's start"),
 }
 
@@ -231,8 +234,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # A crash inside a native library (gloo, NCCL, a tokenizer) then leaves every thread's Python stack in the log.
-    faulthandler.enable()
+    # A crash inside a native library (gloo, NCCL, a tokenizer) then leaves every thread's Python stack in the log;
+    # called in-process with stderr replaced (a test capturing it), there is no descriptor to write to.
+    with contextlib.suppress(AttributeError, io.UnsupportedOperation):
+        faulthandler.enable()
     try:
         args = build_parser(argv).parse_args(argv)
         setup_logging(args.log_level)
