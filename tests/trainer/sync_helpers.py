@@ -89,7 +89,7 @@ class TrainerHandle:
     def address(self) -> str:
         return self.host.address
 
-    def wait_members(self, ids: set[str], timeout: float = 60.0) -> None:
+    def wait_members(self, ids: set[str], timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while set(self.broadcaster.members) != ids:
             assert time.monotonic() < deadline, f"members {self.broadcaster.members}, expected {sorted(ids)}"
