@@ -99,7 +99,7 @@ def run_loop(python: Path, front: Front, loop: str, config: dict[str, Any], data
     # The cookbook records the working folder's git diff beside its logs: the run's own folder has none. Offline,
     # a tokenizer or data set that is not local fails at once instead of being fetched.
     with open(folder / "loop.log", "w") as log:
-        done = subprocess.run([str(python), str(LOOPS), str(folder / "settings.json"), str(result_path)],
+        done = subprocess.run([str(Path(python).absolute()), str(LOOPS), str(folder / "settings.json"), str(result_path)],
                               cwd=folder, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False,
                               env={**_without_project_paths(os.environ), "TINKER_API_KEY": front.token,
                                    "HF_HUB_OFFLINE": "1"})

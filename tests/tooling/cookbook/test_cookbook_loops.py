@@ -84,3 +84,15 @@ def test_the_loops_final_weights_sample_at_the_front(front, reinforcement, task)
     result = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2,
                             sampling_params=types.SamplingParams(max_tokens=12, temperature=1.0)).result(timeout=60)
     assert len(result.sequences) == 2 and all(sequence.tokens for sequence in result.sequences)
+
+
+def test_the_cookbooks_evaluator_scores_the_loops_weights_apart_from_the_loop(cookbook_python, front, task,
+                                                                             reinforcement, tmp_path):
+    dataset = {"train_file": str(task["train"]), "test_file": str(task["eval"]),
+               "model_name_for_tokenizer": front.model_name, "renderer_name": RENDERER,
+               "groups_per_batch": 4, "group_size": 4, "test_group_size": 2}
+    config = {"max_tokens": 12, "model_path": reinforcement.final["sampler_path"]}
+    run = run_loop(cookbook_python, front, "eval", config, dataset, tmp_path, timeout=TIMEOUT)
+    assert run.result["train_module"].endswith("tinker_cookbook/rl/metric_util.py")
+    assert run.result["metrics"]["test/env/all/total_episodes"] == 40     # 20 held-out sums, 2 samples each
+    assert 0 <= run.result["metrics"]["test/env/all/correct"] <= 1
