@@ -21,13 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from zerobubble.rollout.episodes.record import EpisodeRecord
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -87,27 +84,24 @@ class SamplingSettings:
 
 @dataclass
 class Sample:
-    """One generated response, or one multi-turn episode's (see rollout/episodes)."""
+    """One generated response: what an engine call returns for one prompt and sample (the loops make trajectories
+    of them, common/trajectory.py)."""
 
     token_ids: np.ndarray                 # int32 [T]
-    logprobs: np.ndarray                  # float32 [T]; 0 where loss_mask is 0
+    logprobs: np.ndarray                  # float32 [T]
     finish_reason: str                    # "stop" | "length"
-    text: str = ""                        # of an episode: its last assistant turn, which a verifier judges
+    text: str = ""
     # int64 [T]: the policy version that drew each token, from engines that take weights mid-sequence; None: the
     # engine's policy_version when the call returned drew them all.
     versions: np.ndarray | None = None
-    loss_mask: np.ndarray | None = None   # uint8 [T]: 1 where the model sampled; None: everywhere
     # int32 [T]: tokens kept by top-k / top-p at each position (0: the whole vocabulary); None: no truncation.
     support: np.ndarray | None = None
-    episode: EpisodeRecord | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = np.asarray(self.token_ids, dtype=np.int32)
         self.logprobs = np.asarray(self.logprobs, dtype=np.float32)
         if self.token_ids.shape != self.logprobs.shape or self.token_ids.ndim != 1:
             raise ValueError(f"token_ids {self.token_ids.shape} and logprobs {self.logprobs.shape} must be equal 1-D")
-        if self.loss_mask is not None and self.loss_mask.shape != self.token_ids.shape:
-            raise ValueError(f"loss_mask {self.loss_mask.shape} and token_ids {self.token_ids.shape} must be equal")
         if self.support is not None:
             self.support = np.asarray(self.support, dtype=np.int32)
             if self.support.shape != self.token_ids.shape:
