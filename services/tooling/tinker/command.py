@@ -25,6 +25,7 @@ def cmd_tinker(args) -> int:
     config = load_config(TinkerServerConfig, args.config, args.set)
     token = config.auth.bearer_token()
 
+    import torch
     import uvicorn
 
     from zerobubble.common.asgi_guard import deadline_protocol
@@ -34,6 +35,8 @@ def cmd_tinker(args) -> int:
     if token is None and not is_loopback(config.listen):
         log.warning("%s answers every caller that reaches it: no bearer token is set (auth.auth_token_file or "
                     "auth.auth_token_env)", config.listen)
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
     host, port = config.listen.rsplit(":", 1)
     app = create_app(TinkerService(config))
     log.info("Tinker API on http://%s/ serving %s", config.listen, config.model_name)

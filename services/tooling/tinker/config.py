@@ -44,6 +44,10 @@ class TinkerServerConfig(Schema):
     max_samples_per_request: int = Field(64, gt=0, description="largest num_samples of one sample request, and "
                                          "of the waiting requests sampled together in one batch")
     seed: int = Field(0, description="seed of the sampling engine's own stream")
+    torch_threads: int | None = Field(None, gt=0, description="torch CPU threads of the front's process; null: "
+                                      "torch's default. Where the front shares a few cores with its clients or "
+                                      "other work, oversubscribed threads slow training and sampling many times: "
+                                      "give 1 there")
 
     @field_validator("model_dir")
     @classmethod

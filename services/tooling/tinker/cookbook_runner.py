@@ -98,8 +98,9 @@ def run_loop(python: Path, front: Front, loop: str, config: dict[str, Any], data
     result_path = folder / "result.json"
     # The cookbook records the working folder's git diff beside its logs: the run's own folder has none. Offline,
     # a tokenizer or data set that is not local fails at once instead of being fetched.
+    command = [str(Path(python).absolute()), str(LOOPS), str(folder / "settings.json"), str(result_path)]
     with open(folder / "loop.log", "w") as log:
-        done = subprocess.run([str(Path(python).absolute()), str(LOOPS), str(folder / "settings.json"), str(result_path)],
+        done = subprocess.run(command,
                               cwd=folder, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False,
                               env={**_without_project_paths(os.environ), "TINKER_API_KEY": front.token,
                                    "HF_HUB_OFFLINE": "1"})

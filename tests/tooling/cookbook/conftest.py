@@ -47,5 +47,6 @@ def task(tmp_path_factory) -> dict[str, Path]:
 def front(cookbook_python, tmp_path_factory):
     folder = tmp_path_factory.mktemp("front")
     model_dir = make_tiny_model(folder / "model", size="1m", seed=0)
-    with running_front(model_dir, folder, TOKEN, poll_wait_s=5.0) as running:
+    # One torch thread: the front shares the cores with the loop's client.
+    with running_front(model_dir, folder, TOKEN, poll_wait_s=5.0, torch_threads=1) as running:
         yield running
