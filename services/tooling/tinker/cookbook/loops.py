@@ -34,6 +34,7 @@ def supervised(config: dict, dataset: dict):
 
 
 def reinforcement(config: dict, dataset: dict):
+    # sums.py sits beside this script, whose folder its interpreter puts first on sys.path.
     from sums import SumsDatasetBuilder
     from tinker_cookbook.rl import train
 
