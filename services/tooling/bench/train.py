@@ -59,7 +59,7 @@ def spread_groups(lengths: list[int], group_size: int, prompt_tokens: int, vocab
         for i, length in enumerate(lengths[start : start + group_size]):
             group.trajectories.add(
                 response_ids=encode_array(rng.integers(0, vocab, length, dtype=np.int32)),
-                behaviour_logprobs=encode_array(-rng.random(length, dtype=np.float32) - np.log(vocab)),
+                behaviour_logprobs=encode_array((-rng.random(length) - np.log(vocab)).astype(np.float32)),
                 finish_reason=common_pb2.FINISH_REASON_STOP, reward=float((start + i) % 2), temperature=1.0)
         groups.append(group)
     return groups
@@ -127,7 +127,8 @@ def _measure(model_dir: Path, settings: dict[str, Any], groups: list[common_pb2.
         figures = receive.recv()
     except EOFError:
         child.join()
-        return {"failed": f"the process exited with {child.exitcode} (out of memory when killed by signal 9)"}
+        killed = " (killed by signal 9: out of memory)" if child.exitcode == -9 else ""
+        return {"failed": f"the process exited with {child.exitcode}{killed}"}
     child.join()
     return figures
 
