@@ -189,11 +189,11 @@ $(COOKBOOK_STAMP): deploy/tinker-cookbook/requirements.txt deploy/tinker-cookboo
 
 cookbook-env: $(COOKBOOK_STAMP)
 
-# The cookbook's supervised and RL loops against a front on the tiny model (tests/tooling/cookbook): the front runs
+# The cookbook's supervised and RL loops against a front on the tiny model (tests/tooling/tinker/cookbook): the front runs
 # in $(VENV), the loops in $(COOKBOOK_VENV). Where the environment cannot be built, says why and passes.
 test-cookbook: install
 	@if $(MAKE) --no-print-directory cookbook-env; then \
-		ZEROBUBBLE_COOKBOOK=$(COOKBOOK_VENV) $(VENV)/bin/pytest -q -p no:cacheprovider tests/tooling/cookbook; \
+		ZEROBUBBLE_COOKBOOK=$(COOKBOOK_VENV) $(VENV)/bin/pytest -q -p no:cacheprovider tests/tooling/tinker/cookbook; \
 	else \
 		echo "test-cookbook: SKIPPED: $(COOKBOOK_VENV) could not be built (tinker-cookbook==0.5.8, see deploy/tinker-cookbook/)"; \
 	fi

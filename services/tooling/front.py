@@ -24,6 +24,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError, field_validator
 
 from zerobubble.common.config import ConfigError, Schema, host_port
+from zerobubble.tooling.bench import stop_service
 
 HAPROXY = "haproxy"
 
@@ -118,12 +119,7 @@ def running_front(config: FrontConfig, *, preexec_fn=None, within: float = 10.0)
                 time.sleep(0.05)
             yield process
         finally:
-            process.terminate()
-            try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_service(process, grace=5)
             process.stderr.close()
 
 

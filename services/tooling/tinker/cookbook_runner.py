@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from zerobubble.tooling.bench import stop_service
 from zerobubble.tooling.ports import free_port
 
 LOOPS = Path(__file__).resolve().parent / "cookbook" / "loops.py"
@@ -50,12 +51,7 @@ def running_front(model_dir: Path, folder: Path, token: str, **settings: Any):
             _wait_healthy(front)
             yield front
         finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_service(process, grace=10)
 
 
 def _wait_healthy(front: Front) -> None:

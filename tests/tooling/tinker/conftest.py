@@ -15,6 +15,7 @@ import pytest
 import yaml
 from tinker_data import MODEL, TOKEN
 
+from zerobubble.tooling.bench import stop_service
 from zerobubble.tooling.ports import free_port
 from zerobubble.tooling.tiny.model import make_tiny_model
 
@@ -44,12 +45,7 @@ def tinker_server(tmp_path_factory) -> Server:
         _wait_healthy(url, process)
         yield Server(url, model_dir, process)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_service(process, grace=10)
         log.close()
 
 
