@@ -83,7 +83,9 @@ def test_an_environment_runs_as_its_own_user_and_cannot_see_the_service(environm
 def test_a_detached_child_dies_when_the_service_is_stopped_by_sigterm(tmp_path):
     marker = new_marker()
     config = tmp_path / "environment.yaml"
-    config.write_text(yaml.safe_dump({"server": {"listen": "127.0.0.1:0", "metrics_port": None}, "environments": [
+    # A step timeout no loaded machine reaches: this is about the stop, not about a slow step.
+    config.write_text(yaml.safe_dump({"server": {"listen": "127.0.0.1:0", "metrics_port": None},
+                                      "limits": {"step_timeout_s": 60}, "environments": [
         {"name": "detaches", "environment": "sample_envs:Detaches", "path": str(USER_ENVS)}]}))
     serve = subprocess.Popen([sys.executable, "-m", "zerobubble", "serve", "environment", "--config", str(config)],
                              stdout=subprocess.PIPE, text=True)
@@ -94,7 +96,8 @@ def test_a_detached_child_dies_when_the_service_is_stopped_by_sigterm(tmp_path):
         address = json.loads(serve.stdout.readline())["address"]
         with EnvironmentClient(ClientConfig(address=address, timeout_seconds=60)) as client:
             opened = client.open_episode("detaches", {"marker": marker})
-            client.step_episode(opened.episode_id, "go on")
+            reply = client.step_episode(opened.episode_id, "go on")
+        assert (reply.ended_reason, reply.info_json) == ("", "{}"), reply
         assert running(marker)
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(60) == 0
