@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from zerobubble.common.config import load_config
+from zerobubble.tooling.bench import add_run_folders
 from zerobubble.tooling.bench.pipeline import first_prompts, run_mode
 from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
@@ -211,10 +212,7 @@ def register_bench(benches) -> None:
     parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
                         help="the workers' engine (vllm: run the bench from the vLLM environment, .venv-vllm)")
     parser.add_argument("--modes", type=mode_list, default=MODES, help="comma-separated modes to run")
-    parser.add_argument("--cache", type=Path, default=Path("runs/.assets"),
-                        help="where the tiny model and task are kept between runs (as for `zerobubble up`)")
-    parser.add_argument("--workdir", type=Path,
-                        help="keep the runs' folders (logs, metrics) here (default: a temp dir, removed)")
+    add_run_folders(parser)
     parser.set_defaults(measure=lambda args: bench_in_flight(
         prompts=args.prompts, epochs=args.epochs, train_seconds=args.train_seconds,
         max_new_tokens=args.max_new_tokens, filler=args.filler, max_staleness=args.max_staleness,

@@ -69,6 +69,7 @@ from zerobubble.common.config import TOKEN_ENV, load_config
 from zerobubble.common.data import DataSpec, load_data
 from zerobubble.reward.config import RewardServiceConfig
 from zerobubble.rollout.config import RolloutServiceConfig
+from zerobubble.tooling.bench import add_run_folders
 from zerobubble.tooling.bench.learning_trl import TRLSettings
 from zerobubble.tooling.bench.pipeline import training_figures
 from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
@@ -363,9 +364,7 @@ def register_bench(benches) -> None:
     parser.add_argument("--warm-start-steps", type=int, help="supervised steps of the tiny model (default: the demo's)")
     parser.add_argument("--trl-venv", type=Path, default=Path(".venv-trl"),
                         help="the TRL environment (make trl-env); without it the TRL side is skipped")
-    parser.add_argument("--cache", type=Path, default=Path("runs/.assets"),
-                        help="where the tiny model and task are kept between runs (as for `zerobubble up`)")
-    parser.add_argument("--workdir", type=Path, help="keep the runs' folders here (default: a temp dir, removed)")
+    add_run_folders(parser)
     parser.set_defaults(measure=lambda args: bench_learning(
         seeds=args.seeds, steps=args.steps, systems=args.systems, warm_start_steps=args.warm_start_steps,
         trl_venv=args.trl_venv, cache=args.cache, workdir=args.workdir))

@@ -50,6 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.clients.trainer import TrainerClient
 from zerobubble.common.config import load_config
+from zerobubble.tooling.bench import add_run_folders
 from zerobubble.tooling.bench.cpu import process_cpu_seconds
 from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
@@ -329,10 +330,7 @@ def register_bench(benches) -> None:
     parser.add_argument("--groups-per-step", type=int, help="groups per training step (default: the demo's)")
     parser.add_argument("--warm-start-steps", type=int, help="supervised steps of the tiny model (default: the demo's)")
     parser.add_argument("--tiny-size", help="size of the tiny model (default: the demo's)")
-    parser.add_argument("--cache", type=Path, default=Path("runs/.assets"),
-                        help="where the tiny model and task are kept between runs (as for `zerobubble up`)")
-    parser.add_argument("--workdir", type=Path,
-                        help="keep the runs' folders (logs, metrics) here (default: a temp dir, removed)")
+    add_run_folders(parser)
     parser.set_defaults(measure=lambda args: bench_pipeline(
         prompts=args.prompts, epochs=args.epochs, workers=args.workers, max_new_tokens=args.max_new_tokens,
         async_staleness=args.async_staleness, groups_per_step=args.groups_per_step,

@@ -29,6 +29,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from zerobubble.tooling.bench import add_run_folders
 from zerobubble.tooling.bench.learning import LoadWatch, Setup, bench_learning
 
 RENDERER = "qwen3_instruct"   # the tiny model's chat template (ChatML, no system turn), token for token
@@ -113,9 +114,7 @@ def register_bench(benches) -> None:
     parser.add_argument("--lora-rank", type=int, default=16, help="the cookbook loop's LoRA rank (default 16)")
     parser.add_argument("--cookbook-venv", type=Path, default=Path(".venv-cookbook"),
                         help="the cookbook's environment (make cookbook-env); without it that side is skipped")
-    parser.add_argument("--cache", type=Path, default=Path("runs/.assets"),
-                        help="where the tiny model and task are kept between runs (as for `zerobubble up`)")
-    parser.add_argument("--workdir", type=Path, help="keep the runs' folders here (default: a temp dir, removed)")
+    add_run_folders(parser)
     parser.set_defaults(measure=lambda args: bench_tinker(
         steps=args.steps, seed=args.seed, cookbook_lr=args.cookbook_lr, lora_rank=args.lora_rank,
         cookbook_venv=args.cookbook_venv, cache=args.cache, workdir=args.workdir))
