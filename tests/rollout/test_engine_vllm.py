@@ -204,7 +204,7 @@ def test_greedy_episodes_are_the_same_tokens_and_masks_on_both_engines(on_varied
         environments = ScriptedEnvironments([StepOutcome("obs!"), StepOutcome(None, done=True)])
         driver = EpisodeDriver(environments, TurnRenderer(engine.tokenizer, 64), spec, max_new_tokens=96)
         _, samples = driver.play(engine, episode_prompts(engine, 3), greedy(8))
-        played.append([(s.token_ids.tolist(), s.loss_mask.tolist(), s.episode.turns) for p in samples for s in p])
+        played.append([(s.response_ids.tolist(), s.loss_mask.tolist(), s.episode.turns) for p in samples for s in p])
     assert played[0] == played[1]
     assert all(turns == 2 and 0 in mask for _, mask, turns in played[0])
 
