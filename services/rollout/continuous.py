@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
-from zerobubble.rollout.engine import FINISH_LENGTH, FINISH_STOP, Sample, SamplingSettings
+from zerobubble.common.trajectory import FINISH_LENGTH, FINISH_STOP
+from zerobubble.rollout.engine import Sample, SamplingSettings
 from zerobubble.rollout.engine_transformers import StopStringWatch, processed_logprobs
 from zerobubble.rollout.kv_cache import KV, GrowingLayer, Kept, KeptCaches, common_prefix, left_pad
 

@@ -26,8 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
+from zerobubble.common.trajectory import FINISH_LENGTH, FINISH_STOP
+
 GREEDY_BELOW = 1e-5
 
 

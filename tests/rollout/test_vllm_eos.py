@@ -11,7 +11,8 @@ pytest.importorskip("vllm", reason="vllm is not installed in this environment; `
 
 from engine_cases import chat_prompts  # noqa: E402
 
-from zerobubble.rollout.engine import FINISH_STOP, SamplingSettings  # noqa: E402
+from zerobubble.common.trajectory import FINISH_STOP  # noqa: E402
+from zerobubble.rollout.engine import SamplingSettings  # noqa: E402
 from zerobubble.rollout.engine_factory import make_engine  # noqa: E402
 from zerobubble.rollout.engine_transformers import TransformersEngine  # noqa: E402
 from zerobubble.rollout.engine_vllm import request_seeds  # noqa: E402

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zerobubble.common.episodes import EpisodeRoute, EpisodeSpec
-from zerobubble.common.trajectory import EpisodeRecord, Trajectory, carried_versions
-from zerobubble.rollout.engine import FINISH_LENGTH, FINISH_STOP, Engine, Sample, SamplingSettings
+from zerobubble.common.trajectory import FINISH_LENGTH, FINISH_STOP, EpisodeRecord, Trajectory, carried_versions
+from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
 from zerobubble.rollout.episodes.record import DONE, MAX_TOKENS, MAX_TURNS, TRUNCATING
 from zerobubble.rollout.episodes.render import TurnRenderer, observation_messages
 from zerobubble.rollout.episodes.sessions import EnvironmentSessions, Opening, StepOutcome
