@@ -31,8 +31,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 # cred_expire is also how long a requeued job waits before it may start again (slurm.conf(5), AuthInfo; 120 s by
-# default, 5 at least): long enough for the requeue test's failed node to be back before the job starts again (at
-# 10 s the job once restarted first, and the node's return cancelled its new steps), shorter than the default.
+# default, 5 at least): long enough for the requeue test's failed node to be back before the job starts again,
+# shorter than the default.
 AuthInfo=socket={root}/munge/munge.socket,cred_expire=60
 CredType=cred/munge
 StateSaveLocation={root}/ctld
@@ -190,6 +190,11 @@ class SlurmCluster:
         if done.returncode != 0:
             raise AssertionError(f"sbatch: {done.stderr.strip()}")
         return int(done.stdout.strip().split(";")[0])
+
+    def controller_log(self, chars: int = 4000) -> str:
+        """The end of slurmctld's log: why the controller requeued, cancelled or failed a job."""
+        log = self.root / "ctld" / "slurmctld.log"
+        return log.read_text(errors="replace")[-chars:] if log.exists() else "(no controller log)"
 
     def job(self, job: int) -> dict[str, str]:
         """`scontrol show job`'s fields (empty once the controller has forgotten the job)."""

@@ -197,7 +197,7 @@ def test_the_job_requeued_after_its_trainer_node_fails_resumes_from_the_last_che
     job.wait(lambda: int(cluster.job(job.id).get("Restarts", "0")) >= 1, "Slurm to requeue the job", 120,
              may_end=True)
     cluster.start_node(trainer_node)
-    assert job.wait_end() == "COMPLETED", job.output()[-6000:]
+    assert job.wait_end() == "COMPLETED", job.output()[-6000:] + "\n--- slurmctld ---\n" + cluster.controller_log()
 
     output = job.output()
     assert f"job {job.id} (restart 1)" in output
