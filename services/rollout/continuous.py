@@ -5,8 +5,9 @@ One thread runs the loop. Each iteration (1) lets the run hand over new weights 
 one decode step of every running request and the prefill of every request admitted now, under the engine's step
 lock so that no step sees two versions, (3) draws each request's token from its own distribution with its own
 generator, and (4) hands back the requests that finished. The batch's KV cache holds the requests right-aligned
-(left padding), as the engine's static batches do: a request joining pads to the batch's width, a request leaving
-is cut out, and columns no request uses any more are dropped.
+(left padding), as the engine's static batches do: a request joining is written into rows of its own at the batch's
+width, a request leaving has the batch's last row moved into its place, and columns no request uses any more are
+dropped (kv_cache.BatchLayer: only the rows that change are copied).
 
 Samples keep engine.py's conventions: the log-probs, the supports and the per-token versions of what was drawn.
 A request's tokens depend on its seed and on its own logits only; those logits can differ from a lone run's in the
@@ -30,7 +31,7 @@ from transformers.cache_utils import DynamicCache
 from zerobubble.common.trajectory import FINISH_LENGTH, FINISH_STOP
 from zerobubble.rollout.engine import Sample, SamplingSettings
 from zerobubble.rollout.engine_transformers import StopStringWatch, processed_logprobs
-from zerobubble.rollout.kv_cache import KV, GrowingLayer, Kept, KeptCaches, common_prefix, left_pad
+from zerobubble.rollout.kv_cache import KV, BatchLayer, Kept, KeptCaches, common_prefix, left_pad
 
 
 class BatcherClosed(RuntimeError):
@@ -268,12 +269,11 @@ class ContinuousBatcher:
         """The admitted requests' cache into the batch's, right-aligned at the wider of the two."""
         if self._cache is None:
             self._cache, self._mask = DynamicCache(), mask
-            self._cache.layers = [GrowingLayer(keys, values) for keys, values in kv]
+            self._cache.layers = [BatchLayer(keys, values) for keys, values in kv]
         else:
             width = max(mask.shape[1], self._mask.shape[1])
             for layer, (keys, values) in zip(self._cache.layers, kv, strict=True):
-                layer.hold(torch.cat([left_pad(layer.keys, width), left_pad(keys, width)]),
-                           torch.cat([left_pad(layer.values, width), left_pad(values, width)]))
+                layer.add_rows(keys, values)
             self._mask = torch.cat([F.pad(self._mask, (width - self._mask.shape[1], 0)),
                                     F.pad(mask, (width - mask.shape[1], 0))])
         self._running.extend(admitted)
@@ -289,17 +289,20 @@ class ContinuousBatcher:
                     kv = [(layer.keys[i:i + 1, :, where], layer.values[i:i + 1, :, where])
                           for layer in self._cache.layers]
                     self.kept.put(request.key, Kept(request.covered(), kv))
-        gone = set(finished)
-        keep = [i for i in range(len(self._running)) if i not in gone]
-        self._running = [self._running[i] for i in keep]
-        if not keep:
+        # Each finished row, from the last, takes the batch's last row: one row copied per request that left.
+        order = list(range(len(self._running)))
+        for i in sorted(finished, reverse=True):
+            order[i] = order[-1]
+            order.pop()
+        self._running = [self._running[i] for i in order]
+        if not order:
             self._cache, self._mask = None, None
         else:
-            index = torch.tensor(keep, device=self._device)
-            mask = self._mask[index]
+            mask = self._mask[torch.tensor(order, device=self._device)]
             unused = int(mask.any(dim=0).long().argmax())   # columns before every remaining row's first position
+            moves = [(target, source) for target, source in enumerate(order) if target != source]
             for layer in self._cache.layers:
-                layer.hold(layer.keys[index, :, unused:], layer.values[index, :, unused:])
+                layer.keep_rows(moves, len(order), unused)
             self._mask = mask[:, unused:]
         for request in done:
             request.future.set_result(self._sample(request))
