@@ -10,6 +10,7 @@ import torch
 from zerobubble.common.clients.buffer import BufferClient
 from zerobubble.common.clients.reward import RewardClient
 from zerobubble.common.server import ServiceHost
+from zerobubble.rollout.batches_in_flight import check_batches_in_flight
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine_factory import make_engine
 from zerobubble.rollout.episodes.play import make_player
@@ -42,6 +43,7 @@ class RolloutHost(ServiceHost):
         model = config.model
         try:
             check_engine(self.spec.weight_updates, model.engine)
+            check_batches_in_flight(config.generation.batches_in_flight, self.spec.weight_updates)
         except BaseException:
             self.buffer.close()
             raise

@@ -31,6 +31,10 @@ class GenerationConfig(Schema):
 
     num_generations: int | None = Field(None, gt=0, description="expected run_spec.num_generations (null: the spec's)")
     prompts_per_batch: int = Field(8, gt=0, description="prompts leased and generated together")
+    batches_in_flight: int = Field(
+        1, ge=1, le=8, description="episodes played in loops (the transformers engine): batches leased and played at "
+        "once, the next started while the last one's slowest episodes play; more than 1 needs run.weight_updates "
+        "between_turns or in_flight")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, description="-1 turns it off")
     max_new_tokens: int | None = Field(None, gt=0, description="expected run_spec.max_new_tokens (null: the spec's)")

@@ -1,7 +1,9 @@
 """The rollout worker loop: lease prompts, generate, score, push, complete the lease.
 
 Scoring and pushing a batch run on a second thread while the next batch generates, so the engine does
-not wait on the reward service. New weights are applied only between generate calls (the safe point).
+not wait on the reward service. New weights are applied at the safe point before each lease, and within a batch as
+the run's weight_updates allow. Episodes played in loops over a continuously batching engine may overlap batches
+(generation.batches_in_flight): the next batch is leased and started while the last one's slowest episodes play.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import queue
 import threading
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import grpc
@@ -22,6 +25,7 @@ from zerobubble.common.persistence import Stopped, until_done
 from zerobubble.common.run_spec import RunSpec
 from zerobubble.common.trajectory import Trajectory
 from zerobubble.common.version import oldest_fresh_version
+from zerobubble.rollout.batches_in_flight import BatchesInFlight
 from zerobubble.rollout.config import RolloutServiceConfig
 from zerobubble.rollout.engine import Engine, Sample, SamplingSettings
 from zerobubble.rollout.episodes.failures import FailureWatch
@@ -72,6 +76,10 @@ class RolloutWorker:
         self._sequence = 0
         self._batches = 0
         self._scoring: queue.Queue[GeneratedBatch | None] = queue.Queue(maxsize=1)
+        # Overlapping batches need a batch's play not to hold the engine: only loops over a continuous batcher.
+        overlap = config.generation.batches_in_flight if player.plays_loops(engine) else 1
+        self.batches: BatchesInFlight[tuple[buffer_pb2.LeaseReply, SamplingSettings]] = BatchesInFlight(
+            overlap, self._generate, self._scoring.put)
         self.weight_updates = WeightUpdatePolicy(spec.weight_updates, engine, receiver, self._loaded)
         self.failures = FailureWatch(config.worker_id, spec.episodes.max_failed_batches, config.failure_log)
 
@@ -104,6 +112,7 @@ class RolloutWorker:
             self.error = exc
             log.exception("rollout worker failed")
         finally:
+            self.batches.drain()
             self._scoring.put(None)
             finisher.join()
             self.finished.set()
@@ -114,31 +123,46 @@ class RolloutWorker:
             while not self.stopping.wait(self.config.lease_wait_seconds):
                 self.safe_point()
             return
-        while not self.stopping.is_set():
-            self.safe_point()
-            started = time.monotonic()
-            lease = self.persist(lambda: self.buffer.lease(self.config.worker_id,
-                                                            self.config.generation.prompts_per_batch),
-                                  "lease", self.buffer)
-            self.metrics.buffer_wait.inc(time.monotonic() - started)
-            if lease.end_of_data:
-                log.info("the buffer has no more prompts: generation is done")
-                self.drained.set()
+        while self.batches.take_slot(self.stopping):
+            # A batch that failed to play, or to be scored and pushed, stops the worker before its next lease.
+            if self.batches.error is not None:
+                raise self.batches.error
+            if self.error is not None:
+                raise self.error
+            started_batch = False
+            try:
+                started_batch = self._lease_and_start()
+            finally:
+                if not started_batch:
+                    self.batches.give_back()
+            if self.drained.is_set():
                 while not self.stopping.wait(self.config.lease_wait_seconds):
                     self.safe_point()
                 return
-            if lease.training_finished != self.training_finished:
-                self.training_finished = lease.training_finished
-                log.info("training has finished: this worker generates nothing more until a trainer trains again"
-                         if lease.training_finished else "training goes on: generating again")
-            if not lease.prompts:
-                self.stopping.wait(self.config.lease_wait_seconds)
-                continue
-            self._catch_up(lease.policy_version)
-            batch = self._generate(lease)
-            self._scoring.put(batch)
-            if self.error is not None:
-                raise self.error
+
+    def _lease_and_start(self) -> bool:
+        """Lease the next batch and start playing it; False when nothing was started."""
+        self.safe_point()
+        started = time.monotonic()
+        lease = self.persist(lambda: self.buffer.lease(self.config.worker_id,
+                                                        self.config.generation.prompts_per_batch),
+                              "lease", self.buffer)
+        self.metrics.buffer_wait.inc(time.monotonic() - started)
+        if lease.end_of_data:
+            log.info("the buffer has no more prompts: generation is done")
+            self.batches.drain()
+            self.drained.set()
+            return False
+        if lease.training_finished != self.training_finished:
+            self.training_finished = lease.training_finished
+            log.info("training has finished: this worker generates nothing more until a trainer trains again"
+                     if lease.training_finished else "training goes on: generating again")
+        if not lease.prompts:
+            self.stopping.wait(self.config.lease_wait_seconds)
+            return False
+        self._catch_up(lease.policy_version)
+        self.batches.start((lease, self._sampling(lease)))
+        return True
 
     def safe_point(self) -> None:
         """Between generate calls: wait while paused, load new weights, run a due evaluation."""
@@ -148,7 +172,9 @@ class RolloutWorker:
             with self.engine_lock:
                 if self.receiver.apply_to(self.engine):
                     self._loaded()
-        if self.evaluator is not None:
+        if self.evaluator is not None and self.evaluator.due(self.engine.policy_version):
+            # An evaluation scores one version: no batch playing may take weights meanwhile.
+            self.batches.drain()
             with self.engine_lock, self.weight_updates.one_version():
                 self.evaluator.maybe_run(self.engine)
 
@@ -167,17 +193,21 @@ class RolloutWorker:
                 self.receiver.apply_to(self.engine)
         self.metrics.policy_version.set(self.engine.policy_version)
 
-    def _generate(self, lease: buffer_pb2.LeaseReply) -> GeneratedBatch:
+    def _sampling(self, lease: buffer_pb2.LeaseReply) -> SamplingSettings:
         gen, spec = self.config.generation, self.spec
         progress = lease.epoch_finished / lease.epoch_size if lease.epoch_size else 0.0
         temperature = spec.sampling.temperature_at(lease.prompts[0].epoch, progress)
-        sampling = SamplingSettings(
-            n=spec.num_generations, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
-            max_new_tokens=spec.max_new_tokens, stop=tuple(gen.stop), seed=gen.seed + self._batches,
-        )
         self._batches += 1
+        return SamplingSettings(
+            n=spec.num_generations, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
+            max_new_tokens=spec.max_new_tokens, stop=tuple(gen.stop), seed=gen.seed + self._batches - 1,
+        )
+
+    def _generate(self, leased: tuple[buffer_pb2.LeaseReply, SamplingSettings]) -> GeneratedBatch:
+        lease, sampling = leased
         started = time.monotonic()
-        with self.engine_lock:
+        # One batch at a time holds the engine while it plays; overlapping ones share it with the Generate RPC.
+        with self.engine_lock if self.batches.limit == 1 else nullcontext():
             prompt_ids, samples = self.player.play(self.engine, list(lease.prompts), sampling,
                                                    at_turn=self.weight_updates.at_turn)
         seconds = time.monotonic() - started

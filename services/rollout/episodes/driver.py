@@ -132,7 +132,7 @@ class EpisodeDriver:
         """Each prompt's ids (with its environment's opening and tools) and its `sampling.n` episodes. Turns are
         as long as the episode limits allow, whatever `sampling.max_new_tokens` says. `at_turn` is called before
         every turn after the first (where the run takes new weights between turns)."""
-        if self.loops and hasattr(engine, "continuous"):
+        if self.plays_loops(engine):
             return self._play_loops(engine, prompts, sampling, at_turn)
         n = sampling.n
         sessions = list(self._pool.map(self._open, [p for p in prompts for _ in range(n)]))
@@ -143,6 +143,10 @@ class EpisodeDriver:
             return self._played(groups, sampling.temperature)
         finally:
             list(self._pool.map(self.sessions.close, [s.episode_id for s in sessions if not s.failed]))
+
+    def plays_loops(self, engine: Engine) -> bool:
+        """A loop per episode needs an engine that batches continuously (the transformers engine's)."""
+        return self.loops and hasattr(engine, "continuous")
 
     def _open(self, item: EpisodePrompt) -> Opening:
         return self.sessions.open(item.route.environment, row_of(item.prompt))

@@ -47,6 +47,10 @@ class Player:
         self.episodes = episodes
         self.driver = driver
 
+    def plays_loops(self, engine: Engine) -> bool:
+        """Whether this player's episodes run a loop each over `engine` (else in lockstep, or no episodes)."""
+        return self.driver is not None and self.driver.plays_loops(engine)
+
     def route(self, prompt: common_pb2.Prompt) -> EpisodeRoute | None:
         return self.episodes.route(prompt.data_source if prompt.HasField("data_source") else None)
 

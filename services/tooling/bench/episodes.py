@@ -5,18 +5,22 @@ same number of tokens generated single-turn by the same engine in the same run:
 - lockstep: every live episode's next turn in one engine call, then every episode's step;
 - loops: a loop per episode over the engine's continuous batcher, which keeps each episode's KV cache between turns.
 
-Then the same two schedules with an environment whose steps take a seeded 10 to 500 ms: episodes/s of each.
+Then, with an environment whose steps take a seeded 10 to 500 ms, several batches played by each schedule one
+after another, and by the loops with batches overlapping as the rollout worker overlaps them
+(generation.batches_in_flight: the next batch starts while the last one's slowest episodes play): episodes/s.
 Printed: tokens/s of each beside single-turn, episodes/s, the environment's step latency (p50, p99), the share of
 the time the engine idled, and the KV cache an episode holds between its turns."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ import yaml
 
 from zerobubble.common.config import ClientConfig
 from zerobubble.common.episodes import EpisodeSpec
+from zerobubble.rollout.batches_in_flight import BatchesInFlight
 from zerobubble.rollout.engine import SamplingSettings
 from zerobubble.rollout.engine_transformers import TransformersEngine
 from zerobubble.rollout.episodes.driver import EpisodeDriver, EpisodePrompt
@@ -73,7 +78,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def bench_episodes(*, prompts: int = 8, samples: int = 4, turns: int = 4, turn_tokens: int = 24,
-                   model_size: str = "1m", threads: int = 1, rounds: int = 2) -> dict[str, Any]:
+                   model_size: str = "1m", threads: int = 1, rounds: int = 2, slow_batches: int = 6,
+                   in_flight: int = 3) -> dict[str, Any]:
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="bench-episodes-") as tmp:
         folder = Path(tmp)
@@ -93,7 +99,8 @@ def bench_episodes(*, prompts: int = 8, samples: int = 4, turns: int = 4, turn_t
         try:
             address = json.loads(service.stdout.readline())["address"]
             return _measure(engine, address, prompts=prompts, samples=samples, turns=turns,
-                            turn_tokens=turn_tokens, rounds=rounds) | {"model_size": model_size, "threads": threads}
+                            turn_tokens=turn_tokens, rounds=rounds, slow_batches=slow_batches,
+                            in_flight=in_flight) | {"model_size": model_size, "threads": threads}
         finally:
             engine.close()
             stop_service(service)
@@ -119,17 +126,27 @@ class _Schedules:
         return [EpisodePrompt(common_pb2.Prompt(prompt_id=str(i), messages_json=json.dumps(
             [{"role": "user", "content": f"{i}+{i % 7}="}])), route, self.builder) for i in range(self.count)]
 
-    def play(self, name: str, environment: str, sampling: SamplingSettings) -> dict[str, Any]:
+    def play(self, name: str, environment: str, sampling: SamplingSettings, *, batches: int = 1,
+             in_flight: int = 1) -> dict[str, Any]:
+        """`batches` batches of the prompts (each seeded apart), up to `in_flight` of them playing at once."""
         driver = self.drivers[name]
         driver.timings.engine_seconds = 0.0
         driver.timings.step_seconds.clear()
         busy = self.engine.continuous().stats.busy_seconds
+        played: list[list[list]] = []
+        playing = BatchesInFlight(in_flight, lambda own: driver.play(self.engine, self.items(environment), own)[1],
+                                  played.append)
         started = time.perf_counter()
-        _, played = driver.play(self.engine, self.items(environment), sampling)
+        for index in range(batches):
+            playing.take_slot(threading.Event())
+            playing.start(dataclasses.replace(sampling, seed=sampling.seed + index))
+        playing.drain()
+        if playing.error is not None:
+            raise playing.error
         seconds = time.perf_counter() - started
         engine_seconds = driver.timings.engine_seconds if name == "lockstep" else \
             self.engine.continuous().stats.busy_seconds - busy
-        samples = [s for per_prompt in played for s in per_prompt]
+        samples = [s for batch in played for per_prompt in batch for s in per_prompt]
         return {"seconds": seconds, "episodes": len(samples), "model_tokens": sum(int(s.loss_mask.sum())
                                                                                  for s in samples),
                 "turns_mean": statistics.mean(s.episode.turns for s in samples), "engine_seconds": engine_seconds,
@@ -141,7 +158,7 @@ class _Schedules:
 
 
 def _measure(engine, address: str, *, prompts: int, samples: int, turns: int, turn_tokens: int,
-             rounds: int) -> dict[str, Any]:
+             rounds: int, slow_batches: int, in_flight: int) -> dict[str, Any]:
     schedules = _Schedules(engine, address, prompts=prompts, turns=turns, turn_tokens=turn_tokens)
     ids = [schedules.builder.build(item.prompt.messages_json) for item in schedules.items("turns")]
     sampling = SamplingSettings(n=samples, temperature=1.0, max_new_tokens=turn_tokens, seed=0)
@@ -166,7 +183,8 @@ def _measure(engine, address: str, *, prompts: int, samples: int, turns: int, tu
                                                         seed=round_index))
             single.append({"seconds": time.perf_counter() - started,
                            "tokens": sum(len(s.token_ids) for per_prompt in out for s in per_prompt)})
-        slow = {name: schedules.play(name, "slow", sampling) for name in SCHEDULES}
+        slow = {name: schedules.play(name, "slow", sampling, batches=slow_batches) for name in SCHEDULES}
+        overlapped = schedules.play("loops", "slow", sampling, batches=slow_batches, in_flight=in_flight)
     finally:
         schedules.close()
 
@@ -194,10 +212,17 @@ def _measure(engine, address: str, *, prompts: int, samples: int, turns: int, tu
         "loops_vs_lockstep_tokens": round(figures["loops"]["tokens_per_s"] / figures["lockstep"]["tokens_per_s"], 3),
         "loops_vs_lockstep_slow_steps": round(figures["loops"]["slow_steps_episodes_per_s"] /
                                               figures["lockstep"]["slow_steps_episodes_per_s"], 3),
+        # The worker's schedule with generation.batches_in_flight: batches overlapping, a loop per episode.
+        "overlapped": {"batches_in_flight": in_flight, "episodes": overlapped["episodes"],
+                       "slow_steps_episodes_per_s": round(rate([overlapped], "episodes"), 2),
+                       "engine_idle_fraction": round(1 - overlapped["engine_seconds"] / overlapped["seconds"], 3)},
         # Held between an episode's turns, at the most episodes kept at once.
         "kv_kept_bytes_per_episode": round(kept_bytes / kept_episodes) if kept_episodes else 0,
         "prompts": prompts, "samples": samples, "turns": turns, "turn_tokens": turn_tokens, "rounds": rounds,
+        "slow_batches": slow_batches,
     }
+    figures["overlapped_vs_lockstep_slow_steps"] = round(figures["overlapped"]["slow_steps_episodes_per_s"] /
+                                                         figures["lockstep"]["slow_steps_episodes_per_s"], 3)
     return figures
 
 
@@ -212,6 +237,9 @@ def register_bench(benches) -> None:
     parser.add_argument("--model-size", default="1m", choices=sorted(SIZES))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--rounds", type=int, default=2, help="multi-turn runs, each followed by its single-turn one")
+    parser.add_argument("--slow-batches", type=int, default=6, help="batches each schedule plays with slow steps")
+    parser.add_argument("--in-flight", type=int, default=3, help="batches at once in the overlapped schedule")
     parser.set_defaults(measure=lambda args: bench_episodes(
         prompts=args.prompts, samples=args.samples, turns=args.turns, turn_tokens=args.turn_tokens,
-        model_size=args.model_size, threads=args.threads, rounds=args.rounds))
+        model_size=args.model_size, threads=args.threads, rounds=args.rounds, slow_batches=args.slow_batches,
+        in_flight=args.in_flight))

@@ -10,6 +10,7 @@ from pathlib import Path
 from zerobubble.common.config import ConfigError
 from zerobubble.common.data_spec import DataSpec
 from zerobubble.common.local_paths import check_model, looks_like_hub_id, missing_path
+from zerobubble.rollout.batches_in_flight import check_batches_in_flight
 from zerobubble.tooling.launcher.assets import RunAssets
 from zerobubble.tooling.launcher.config import UpConfig, validated
 from zerobubble.tooling.launcher.effective import Setting, derived_settings
@@ -100,4 +101,6 @@ def check_services(config: UpConfig) -> dict[str, dict]:
     dry = DryRun(config)
     dry.launch(RunAssets(model=config.model or made_here, train=train, eval=held_out,
                          teacher=made_here / "teacher" if config.tiny_teacher is not None else None))
+    check_batches_in_flight(config.rollout.get("generation", {}).get("batches_in_flight", 1),
+                            config.run.weight_updates, field="rollout.generation.batches_in_flight")
     return dry.trees

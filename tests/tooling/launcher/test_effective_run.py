@@ -116,3 +116,14 @@ def test_a_smoke_test_cut_short_by_max_steps_is_refused_naming_max_steps_and_the
     # The one flag it names makes the smoke test a run.
     assert main([*argv, *SMOKE_FLAG.split()]) == 0
     assert "nothing was started" in capsys.readouterr().out
+
+
+def test_batches_in_flight_in_a_run_that_takes_weights_only_between_batches_is_refused_naming_both_fields(
+        rows, tmp_path, capsys, no_children):
+    argv = ["up", "-d", str(rows), "--set", f"run_dir={tmp_path / 'run'}", "--set",
+            "rollout.generation.batches_in_flight=2", "--dry-run"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerobubble: rollout.generation.batches_in_flight: 2 batches at once") and \
+        "run.weight_updates between_batches" in err, err
+    assert main([*argv, "--set", "run.weight_updates=between_turns"]) == 0
