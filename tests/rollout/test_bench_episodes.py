@@ -11,7 +11,8 @@ import sys
 def test_bench_episodes_reports_both_schedules_beside_single_turn():
     result = subprocess.run(
         [sys.executable, "-m", "zerobubble", "bench", "episodes", "--prompts", "2", "--samples", "2", "--turns", "3",
-         "--turn-tokens", "8", "--rounds", "1", "--slow-batches", "3", "--in-flight", "2"], capture_output=True, text=True, timeout=300)
+         "--turn-tokens", "8", "--rounds", "1", "--slow-batches", "3", "--in-flight", "2"],
+        capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["single_turn_tokens_per_s"] > 0
