@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerobubble.common.lora_adapter import AdapterMerger, is_adapter, is_peft_adapter, read_peft_adapter
+from zerobubble.rollout.attention import use_grouped_sdpa
 from zerobubble.rollout.engine import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -96,6 +97,7 @@ class TransformersEngine:
         adapter = read_peft_adapter(model_dir) if is_peft_adapter(model_dir) else None
         base_dir = adapter[0] if adapter else model_dir
         self.model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=self.dtype).to(self.device).eval()
+        use_grouped_sdpa(self.model)
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._seed = seed
         self._batcher = None
