@@ -228,8 +228,8 @@ def _measure(engine, address: str, *, prompts: int, samples: int, turns: int, tu
 
 def register_bench(benches) -> None:
     parser = benches.add_parser("episodes", help="multi-turn episodes in lockstep and in a loop per episode over the "
-                                "continuous batcher vs the same tokens single-turn: tokens/s, episodes/s with slow "
-                                "steps, step latency, engine idle, KV kept per episode")
+                                "continuous batcher vs the same tokens single-turn: tokens/s; episodes/s with slow "
+                                "steps, also with batches in flight; step latency, engine idle, KV kept per episode")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=4, help="episodes per prompt (num_generations)")
     parser.add_argument("--turns", type=int, default=4, help="assistant turns per episode")
