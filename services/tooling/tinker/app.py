@@ -21,10 +21,12 @@ from zerobubble.tooling.tinker.wire import PROTO, decode_forward_backward
 
 log = logging.getLogger(__name__)
 API = "/api/v1"
-# The client's feature flags, fixed to what this server speaks: plain API keys (no JWT exchange), httpx, one
+# The client's feature flags, fixed to what this server speaks: plain API keys (no JWT exchange), one
 # forward_backward chunk sent after the previous was taken (so a client's calls arrive in order), no compression,
-# one retrieve_future poll per request.
-CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": False,
+# one retrieve_future poll per request. The client's own default transport, pyqwest (Rust's reqwest): with httpx's,
+# an RL loop's client spends a fifth of its time in httpcore's connection pool, scanning its open connections (one
+# per sample awaited) on every request, on the cores the front shares with it.
+CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": True,
                  "parallel_fwdbwd_chunks": False, "proto_compress_fwdbwd": False,
                  "sample_use_retrieve_futures": False, "sample_join_sampling_session": False,
                  "custom_loss_server_side": False}
