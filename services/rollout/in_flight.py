@@ -45,8 +45,8 @@ class WeightUpdatePolicy:
             self._on_load()
 
     def at_turn(self) -> None:
-        """Between two turns of an episode (the caller holds the engine): take the newest weights unless the
-        run takes them only between batches."""
+        """Between two turns of an episode: take the newest weights unless the run takes them only between
+        batches (the load takes the engine's step lock, so batches playing at once see it between decode steps)."""
         if self.mode != "between_batches" and self._receiver is not None:
             self._take()
 
