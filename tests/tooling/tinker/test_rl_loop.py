@@ -42,3 +42,9 @@ def test_sampling_and_importance_sampling_raise_the_rewarded_tokens(service_clie
         client.optim_step(types.AdamParams(learning_rate=5e-2)).result(DEADLINE)
     after = _digit_probability(client, prompt, digits)
     assert after > 1.5 * before, (before, after)  # 0.034 to 0.084 here
+
+
+def test_the_client_keeps_its_own_pyqwest_transport(service_client):
+    """The front's client/config leaves the client its default transport: with httpx's, an RL loop's client spent
+    a fifth of its time scanning its connection pool (one connection per sample awaited) on every request."""
+    assert service_client.holder.get_client_config().use_pyqwest_transport
