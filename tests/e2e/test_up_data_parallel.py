@@ -48,9 +48,11 @@ def test_up_trains_on_two_ranks_through_a_kill_of_the_trainer(tmp_path):
         first = trainer_processes(run_dir)
         assert len(first["agent"]) == 1 and len(first["rank"]) == 2, first
         os.kill(first["agent"][0], signal.SIGKILL)
-        # The ranks see their agent go and stop; up restarts the trainer, which resumes from its checkpoint.
+        # The ranks see their agent go and stop; up restarts the trainer, which resumes from its checkpoint. The
+        # restarted trainer may finish this short run before they are gone (they close their group with a dead
+        # peer): up's end is no failure here, ranks that outlive the wait are.
         wait_for(lambda: not set(first["rank"]) & set(trainer_processes(run_dir)["rank"]), 60,
-                 "the ranks of the killed agent to stop", up, output)
+                 "the ranks of the killed agent to stop")
         assert up.wait(600) == 0, tail(output)
     finally:
         kill_session(up, run_dir)
