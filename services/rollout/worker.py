@@ -197,10 +197,11 @@ class RolloutWorker:
         gen, spec = self.config.generation, self.spec
         progress = lease.epoch_finished / lease.epoch_size if lease.epoch_size else 0.0
         temperature = spec.sampling.temperature_at(lease.prompts[0].epoch, progress)
+        seed = gen.seed + self._batches
         self._batches += 1
         return SamplingSettings(
             n=spec.num_generations, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
-            max_new_tokens=spec.max_new_tokens, stop=tuple(gen.stop), seed=gen.seed + self._batches - 1,
+            max_new_tokens=spec.max_new_tokens, stop=tuple(gen.stop), seed=seed,
         )
 
     def _generate(self, leased: tuple[buffer_pb2.LeaseReply, SamplingSettings]) -> GeneratedBatch:
