@@ -71,8 +71,13 @@ def stack(images, tmp_path_factory):
             project("down", "-v", "--remove-orphans", "-t", "10", timeout=300, check=False)
 
 
+def loss_mask(response: dict) -> list[int]:
+    """The log leaves out a mask that is all ones (an episode the model played in one turn)."""
+    return response.get("loss_mask", [1] * len(response["token_ids"]))
+
+
 def masked_text(response: dict) -> str:
-    return "".join(t for t, m in zip(response["tokens"], response["loss_mask"], strict=True) if m == 0)
+    return "".join(t for t, m in zip(response["tokens"], loss_mask(response), strict=True) if m == 0)
 
 
 def test_the_tool_demo_trains_on_episodes_played_in_the_environment_container(stack):
@@ -87,7 +92,7 @@ def test_the_tool_demo_trains_on_episodes_played_in_the_environment_container(st
     called = [r for r in logged if r["episode"]["turns"] >= 2]
     assert called, [(r["episode"], r["text"]) for r in logged[:8]]
     for response in logged:
-        mask, logprobs = response["loss_mask"], response["logprobs"]
+        mask, logprobs = loss_mask(response), response["logprobs"]
         # The model's turns are learnt from; one masked stretch (the tool's answer and the template around it)
         # sits between each two of them, with no behaviour log-prob.
         stretches = sum(m == 0 and (i == 0 or mask[i - 1] == 1) for i, m in enumerate(mask))
