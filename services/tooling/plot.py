@@ -17,6 +17,9 @@ import numpy as np
 METRICS_FILE = Path("trainer") / "metrics.jsonl"
 EVAL_FILE = Path("eval") / "summary.jsonl"
 DEFAULT_OUT = "plot.png"
+SUMMARY_FILE = "summary.json"   # what `zerobubble up` writes at the end of a run
+MINUTES = "minutes"             # the x of a step row on a wall-clock axis (set by _place_in_minutes)
+X_LABELS = {"step": "training step", MINUTES: "minutes (from the start of training, after the teacher's making)"}
 
 
 class RunDataError(ValueError):
@@ -84,12 +87,14 @@ def trailing_mean(values: list[float], window: int) -> np.ndarray:
     return (sums - shifted) / counts
 
 
-def eval_curves(summary: list[dict], steps: list[dict]) -> dict[str, tuple[list[float], list[float]]]:
-    """pass@1 per dataset, placed at the step that produced each evaluated policy version (version 0 is
-    the starting weights, at step 0; a version that no step row names is placed at its own number)."""
-    step_of = {0.0: 0.0}
+def eval_curves(summary: list[dict], steps: list[dict], x_key: str = "step",
+                start: float = 0.0) -> dict[str, tuple[list[float], list[float]]]:
+    """pass@1 per dataset, placed at the x (`x_key` of the step rows) of the step that produced each evaluated
+    policy version (version 0 is the starting weights, at `start`; a version that no step row names is placed at
+    its own number)."""
+    step_of = {0.0: start}
     for row in steps:
-        version, step = _number(row.get("policy_version")), _number(row.get("step"))
+        version, step = _number(row.get("policy_version")), _number(row.get(x_key))
         if version is not None and step is not None:
             step_of.setdefault(version, step)
     curves: dict[str, tuple[list[float], list[float]]] = {}
@@ -116,7 +121,8 @@ def _draw_series(ax, xs: list[float], ys: list[float], label: str, color: str) -
         ax.plot(xs, ys, color=color, marker="o", markersize=3, linewidth=1.5, label=label)
 
 
-def _draw(run_dir: Path, steps: list[dict], evals: dict[str, tuple[list[float], list[float]]], out: Path) -> None:
+def _draw(run_dir: Path, steps: list[dict], evals: dict[str, tuple[list[float], list[float]]], out: Path,
+          x_key: str = "step") -> None:
     # Imported here: every `zerobubble` command imports this module, and only plotting needs matplotlib.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -131,7 +137,7 @@ def _draw(run_dir: Path, steps: list[dict], evals: dict[str, tuple[list[float], 
         ax.grid(alpha=0.3)
         drawn = 0
         for (key, label), color in zip(panel.series, colors, strict=False):
-            xs, ys = series(steps, key)
+            xs, ys = series(steps, key, x_key)
             if xs:
                 _draw_series(ax, xs, ys, label, color)
                 drawn += 1
@@ -144,7 +150,7 @@ def _draw(run_dir: Path, steps: list[dict], evals: dict[str, tuple[list[float], 
         else:
             ax.text(0.5, 0.5, "not recorded", transform=ax.transAxes, ha="center", va="center", color="gray")
     for ax in axes[3:]:
-        ax.set_xlabel("training step")
+        ax.set_xlabel(X_LABELS[x_key])
     last = steps[-1]
     figure.suptitle(f"{run_dir.resolve().name}: {len(steps)} steps, last step {last.get('step')}, "
                     f"policy version {last.get('policy_version')}")
@@ -154,24 +160,27 @@ def _draw(run_dir: Path, steps: list[dict], evals: dict[str, tuple[list[float], 
     os.replace(partial, out)
 
 
-def plot_run(run_dir: Path, out: Path | None = None, beside: Path | None = None) -> Path:
+def plot_run(run_dir: Path, out: Path | None = None, beside: Path | None = None, minutes: bool = False) -> Path:
     """Draws the run's curves into one PNG (default RUN_DIR/plot.png) and returns its path; with `beside`, another
     run's evaluations on the accuracy panel too (a baseline: the same model without a tool, another algorithm).
+    With `minutes` the x axis is wall-clock minutes from the start of training, each run's curves starting after
+    its teacher's preparation (summary.json's teacher_preparation_seconds), so runs compare at equal time.
 
     Raises RunDataError when RUN_DIR/trainer/metrics.jsonl is missing, unreadable or holds no step."""
     run_dir = Path(run_dir)
-    steps, evals = _run_curves(run_dir)
+    x_key = MINUTES if minutes else "step"
+    steps, evals = _run_curves(run_dir, x_key)
     if beside is not None:
         beside = Path(beside)
-        for dataset, curve in _run_curves(beside)[1].items():
+        for dataset, curve in _run_curves(beside, x_key)[1].items():
             evals[f"{dataset}, {beside.resolve().name}"] = curve
     out = Path(out) if out is not None else run_dir / DEFAULT_OUT
     out.parent.mkdir(parents=True, exist_ok=True)
-    _draw(run_dir, steps, evals, out)
+    _draw(run_dir, steps, evals, out, x_key)
     return out
 
 
-def _run_curves(run_dir: Path) -> tuple[list[dict], dict[str, tuple[list[float], list[float]]]]:
+def _run_curves(run_dir: Path, x_key: str = "step") -> tuple[list[dict], dict[str, tuple[list[float], list[float]]]]:
     metrics_path = run_dir / METRICS_FILE
     if not metrics_path.is_file():
         raise RunDataError(f"no training metrics: {metrics_path} does not exist")
@@ -180,13 +189,34 @@ def _run_curves(run_dir: Path) -> tuple[list[dict], dict[str, tuple[list[float],
     steps = sorted(latest.values(), key=lambda row: row["step"])
     if not steps:
         raise RunDataError(f"no training step in {metrics_path}")
+    start = 0.0
+    if x_key == MINUTES:
+        start = _place_in_minutes(run_dir, steps, metrics_path)
     eval_path = run_dir / EVAL_FILE
-    return steps, eval_curves(read_jsonl(eval_path), steps) if eval_path.is_file() else {}
+    return steps, eval_curves(read_jsonl(eval_path), steps, x_key, start) if eval_path.is_file() else {}
+
+
+def _place_in_minutes(run_dir: Path, steps: list[dict], metrics_path: Path) -> float:
+    """Sets each step row's MINUTES: its end in minutes from the first step's start, after the teacher's
+    preparation; returns where training starts on that axis."""
+    first = steps[0]
+    began, took = _number(first.get("time")), _number(first.get("step_seconds"))
+    if began is None or took is None:
+        raise RunDataError(f"{metrics_path}: the first step has no time and step_seconds to place it in minutes")
+    summary = run_dir / SUMMARY_FILE
+    preparation = _number(json.loads(summary.read_text()).get("teacher_preparation_seconds")) \
+        if summary.is_file() else None
+    start = (preparation or 0.0) / 60
+    for row in steps:
+        at = _number(row.get("time"))
+        if at is not None:
+            row[MINUTES] = start + (at - began + took) / 60
+    return start
 
 
 def _cmd_plot(args) -> int:
     try:
-        path = plot_run(args.run_dir, args.out, args.beside)
+        path = plot_run(args.run_dir, args.out, args.beside, args.minutes)
     except RunDataError as exc:
         raise SystemExit(f"zerobubble plot: {exc}") from None
     print(path)
@@ -199,4 +229,6 @@ def register(subparsers) -> None:
     parser.add_argument("--out", type=Path, help=f"the PNG to write (default RUN_DIR/{DEFAULT_OUT})")
     parser.add_argument("--beside", type=Path, help="another run folder whose evaluations are drawn beside this "
                         "run's (e.g. the same model without a tool)")
+    parser.add_argument("--minutes", action="store_true", help="x axis in wall-clock minutes from the start of "
+                        "training, after a teacher's preparation (compares runs at equal time)")
     parser.set_defaults(run=_cmd_plot)

@@ -75,7 +75,8 @@ def batch_advantages(batch: ExperienceBatch, algo: AlgorithmConfig, max_new_toke
             raise ValueError("algorithm.distillation_coef: the step needs the teacher's log-probs (the trainer's "
                              "teacher)")
         advantages = advantages + reverse_kl_advantages(batch.behaviour_logprobs, teacher_logp, mask,
-                                                        algo.distillation_coef, centred=algo.distillation_centred)
+                                                        algo.distillation_coef, centred=algo.distillation_centred,
+                                                        discount=algo.distillation_discount)
     return rewards, mask, advantages
 
 

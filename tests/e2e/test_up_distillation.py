@@ -1,26 +1,27 @@
-"""`zerobubble up` with a teacher: the launcher starts the teacher service beside the others, points the trainer at
-it with the run's token, and steps train on its log-probs (DISTILL)."""
+"""`zerobubble up` with a teacher: the launcher makes the teacher (tiny_teacher) and starts the teacher service
+beside the others, points the trainer at it with the run's token, steps train on its log-probs (DISTILL), and the
+run's summary says what making the teacher took."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import yaml
 from e2e_helpers import metrics_rows, run_up
 from stack import tiny_assets
-
-from zerobubble.tooling.tiny.model import make_tiny_model
 
 STEPS = 2
 
 
 def test_up_starts_the_teacher_and_trains_with_distillation(tmp_path):
     student, train, held_out = tiny_assets(tmp_path / "assets", train_size=16, eval_size=4)
-    # Another tiny model with the student's tokenizer: the teacher.
-    teacher = make_tiny_model(tmp_path / "teacher", size="1m", seed=5)
     run_dir = tmp_path / "run"
+    # The teacher: another tiny model with the student's tokenizer, made by the run (a few supervised steps).
     sets = {"model": student, "train_data": train, "eval_data": held_out, "run_dir": run_dir,
-            "tiny_model.warm_start_steps": 0, "run.algorithm": "DISTILL", "teacher.model.path": teacher,
+            "tiny_model.warm_start_steps": 0, "run.algorithm": "DISTILL", "tiny_teacher.seed": 5,
+            "tiny_teacher.warm_start_steps": 3,
             "run.max_new_tokens": 8, "run.num_generations": 4, "trainer.max_steps": STEPS,
             "trainer.batch.groups_per_step": 4, "trainer.strategy.optim.warmup_steps": 1,
             "rollout.generation.prompts_per_batch": 4,
@@ -34,3 +35,7 @@ def test_up_starts_the_teacher_and_trains_with_distillation(tmp_path):
     assert trainer["algorithm"]["preset"] == "DISTILL"
     assert trainer["teacher"]["auth_token_env"] == served["server"]["auth_token_env"], "the run's token both ways"
     assert (run_dir / "logs" / "teacher.log").exists()
+    made = json.loads((Path(served["model"]["path"]) / "ready.json").read_text())
+    assert made["steps"] == 3
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["teacher_preparation_seconds"] == made["seconds"] > 0

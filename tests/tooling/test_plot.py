@@ -135,7 +135,7 @@ def test_steps_trained_again_after_a_restart_take_the_later_row(tmp_path, monkey
         for step in (4, 5):
             out.write(json.dumps({"step": step, "policy_version": step, "reward_mean": 9.0}) + "\n")
     drawn = {}
-    monkeypatch.setattr(plot, "_draw", lambda run_dir, steps, evals, out: drawn.setdefault("steps", steps))
+    monkeypatch.setattr(plot, "_draw", lambda run_dir, steps, evals, out, x_key: drawn.setdefault("steps", steps))
     plot_run(tmp_path)
     assert [row["step"] for row in drawn["steps"]] == [1, 2, 3, 4, 5]
     assert [row["reward_mean"] for row in drawn["steps"][3:]] == [9.0, 9.0]
@@ -146,11 +146,50 @@ def test_another_runs_evaluations_are_drawn_beside_this_runs(tmp_path, monkeypat
     write_run(tmp_path / "no-tool", steps=20)
     drawn = {}
     real_draw = plot._draw
-    monkeypatch.setattr(plot, "_draw", lambda run_dir, steps, evals, out: (drawn.update(evals),
-                                                                           real_draw(run_dir, steps, evals, out)))
+    monkeypatch.setattr(plot, "_draw", lambda run_dir, steps, evals, out, x_key: (
+        drawn.update(evals), real_draw(run_dir, steps, evals, out, x_key)))
     assert run_command(["plot", str(tmp_path / "with-tool"), "--beside", str(tmp_path / "no-tool")]) == 0
     path = tmp_path / "with-tool" / "plot.png"
     assert set(drawn) == {"arith", "arith, no-tool"}
     # The baseline's versions placed at its own steps: version 20 was its step 20.
     assert drawn["arith, no-tool"] == ([0.0, 20.0, 40.0], [0.0, 0.4, 0.8])
     assert png_size(path.read_bytes()) == (1600, 900)
+
+
+def timed_run(run_dir, step_seconds, teacher_seconds=None):
+    """Steps 1-4 ending every `step_seconds` from t=1000 (the first took `step_seconds` too), versions = steps,
+    evaluations of versions 0 and 4; a summary naming the teacher's preparation when given."""
+    write_run(run_dir, steps=4, with_eval=False)
+    rows = [json.loads(line) for line in (run_dir / "trainer" / "metrics.jsonl").read_text().splitlines()]
+    with open(run_dir / "trainer" / "metrics.jsonl", "w") as out:
+        for row in rows:
+            row.update(time=1000.0 + (row["step"] - 1) * step_seconds, step_seconds=step_seconds)
+            out.write(json.dumps(row) + "\n")
+    (run_dir / "eval").mkdir()
+    (run_dir / "eval" / "summary.jsonl").write_text("".join(
+        json.dumps({"version": v, "dataset": "arith", "pass@1": p}) + "\n" for v, p in ((0, 0.1), (4, 0.3))))
+    if teacher_seconds is not None:
+        (run_dir / "summary.json").write_text(json.dumps({"teacher_preparation_seconds": teacher_seconds}))
+
+
+def test_in_minutes_runs_compare_at_equal_time_the_teachers_making_counted(tmp_path, monkeypatch):
+    timed_run(tmp_path / "distill", step_seconds=30, teacher_seconds=120)
+    timed_run(tmp_path / "rl", step_seconds=15)
+    drawn = {}
+    real_draw = plot._draw
+    monkeypatch.setattr(plot, "_draw", lambda run_dir, steps, evals, out, x_key: (
+        drawn.update(evals=evals, steps=steps, x_key=x_key), real_draw(run_dir, steps, evals, out, x_key)))
+    assert run_command(["plot", str(tmp_path / "distill"), "--beside", str(tmp_path / "rl"), "--minutes"]) == 0
+    # The distillation run starts after its teacher's 2 minutes; step 4 ended 4 steps of 30 s later.
+    assert drawn["evals"]["arith"] == ([2.0, 4.0], [0.1, 0.3])
+    # The baseline made no teacher: from 0, its 4 steps of 15 s.
+    assert drawn["evals"]["arith, rl"] == ([0.0, 1.0], [0.1, 0.3])
+    assert [row["minutes"] for row in drawn["steps"]] == [2.5, 3.0, 3.5, 4.0]
+    assert drawn["x_key"] == "minutes"
+    assert png_size((tmp_path / "distill" / "plot.png").read_bytes()) == (1600, 900)
+
+
+def test_in_minutes_a_run_without_step_times_is_refused_naming_the_file(tmp_path):
+    write_run(tmp_path)
+    with pytest.raises(RunDataError, match=r"metrics\.jsonl: the first step has no time"):
+        plot_run(tmp_path, minutes=True)

@@ -94,6 +94,27 @@ def test_centred_distillation_subtracts_the_batchs_mean_log_ratio_from_each_toke
     assert figures["teacher_reverse_kl"] == pytest.approx(float(log_ratio[mask].mean()), abs=1e-5)
 
 
+def test_discounted_distillation_charges_each_token_the_log_ratios_after_it(models, teacher_scores):
+    student, teacher = models
+    batch = collate(behaviour_groups(student, SHIFT), pad_id=0)
+    gamma = 0.5
+    figures, per_sample = step(student, algorithm_config("DISTILL", distillation_discount=gamma), teacher_scores,
+                               batch)
+    mask = batch.response_mask.bool()
+    log_ratio = torch.where(mask, batch.behaviour_logprobs.double() - own_logprobs(teacher, batch), 0.0)
+    # By hand, a double loop: token t carries sum over u >= t of gamma^(u - t) times token u's log-ratio.
+    rows, width = log_ratio.shape
+    discounted = torch.zeros_like(log_ratio)
+    for i in range(rows):
+        for t in range(width):
+            discounted[i, t] = sum(gamma ** (u - t) * log_ratio[i, u] for u in range(t, width))
+    advantages = torch.where(mask, -discounted, 0.0)
+    assert per_sample == pytest.approx((advantages.sum(1) / mask.sum(1)).tolist(), abs=1e-5)
+    assert figures["loss"] == pytest.approx(float((-math.exp(SHIFT) * advantages).sum() / mask.sum()), abs=1e-5)
+    own_only = torch.where(mask, -log_ratio, 0.0)
+    assert (advantages - own_only).abs().max() > 1e-2, "the case must tell the discounted sum from each token's own"
+
+
 def test_distillation_added_to_the_verifiers_advantage(models, teacher_scores):
     student, teacher = models
     batch = collate(behaviour_groups(student, SHIFT), pad_id=0)

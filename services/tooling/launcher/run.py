@@ -346,7 +346,7 @@ def up(config: UpConfig, *, resume: bool = False, overwrite: bool = False, cache
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     run.stop_all()
-    summary = finish(config.run_dir, time.monotonic() - started)
+    summary = finish(config.run_dir, time.monotonic() - started, assets.teacher)
     print(json.dumps(summary), flush=True)
     return 0
 
@@ -376,11 +376,15 @@ def track_evaluations(run: Run) -> None:
     log_new_evaluations(load_config(TrainerServiceConfig, run.run_dir / "configs" / "trainer.yaml"))
 
 
-def finish(run_dir: Path, seconds: float) -> dict:
-    """The run's headline figures (first and last evaluation) and its plot."""
+def finish(run_dir: Path, seconds: float, teacher: Path | None = None) -> dict:
+    """The run's headline figures (first and last evaluation), what making its teacher took (a teacher made
+    here: made for this run or by an earlier one, its cost either way) and its plot."""
     from zerobubble.tooling.plot import plot_run
 
     summary: dict = {"run_dir": str(run_dir), "wall_seconds": round(seconds, 1)}
+    made = teacher / "ready.json" if teacher is not None else None
+    if made is not None and made.is_file():
+        summary["teacher_preparation_seconds"] = json.loads(made.read_text()).get("seconds")
     evals_path = run_dir / "eval" / "summary.jsonl"
     if evals_path.exists():
         evals = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]

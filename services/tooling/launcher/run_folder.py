@@ -11,10 +11,10 @@ from pathlib import Path
 from zerobubble.common.config import ConfigError
 from zerobubble.tooling.launcher.config import UpConfig
 from zerobubble.tooling.launcher.tether import in_use
+from zerobubble.tooling.plot import SUMMARY_FILE
 
 CONFIG = Path("configs") / "up.yaml"
 # Everything a run writes into its folder (up.lock stays: the launcher that replaces a run holds it).
-SUMMARY_FILE = "summary.json"
 RUN_ENTRIES = ("configs", "logs", "eval", "trainer", "buffer-wal", "plot.png", SUMMARY_FILE)
 # Logs alone are no run: a start that failed leaves them for the user to read, and the next try appends to them.
 LOGS = "logs"

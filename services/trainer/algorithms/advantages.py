@@ -79,7 +79,7 @@ def compute_advantages(name: AdvantageEstimator, rewards: Tensor, response_mask:
 
 
 def reverse_kl_advantages(student_logp: Tensor, teacher_logp: Tensor, mask: Tensor, coef: float, *,
-                          centred: bool = False) -> Tensor:
+                          centred: bool = False, discount: float = 0.0) -> Tensor:
     """On-policy distillation's per-token advantage, [N, T] -> [N, T] (zero off the mask): -coef (log p_student -
     log p_teacher) of each sampled token.
 
@@ -95,7 +95,14 @@ def reverse_kl_advantages(student_logp: Tensor, teacher_logp: Tensor, mask: Tens
     that does not depend on the token leaves the gradient's expectation as it is (Williams 1992, "Simple
     statistical gradient-following algorithms", section 4) but not its spread. Without it, a student far from its
     teacher has almost every sampled token's advantage negative, so every step pushes down what was sampled and
-    raises the entropy whatever the teacher prefers."""
+    raises the entropy whatever the teacher prefers.
+
+    `discount` (gamma) makes each token's term the discounted sum of the log-ratios from it to the response's end,
+    sum_{u >= t} gamma^(u - t) r_u, as tinker-cookbook's kl_discount_factor does: gamma 1 is the score-function
+    gradient of the whole sequence's reverse KL, whose terms after a token are the KL that token led to. Without it
+    a token that derails the answer (one a student sampled from its spread mass and the teacher would not have) is
+    charged its own log-ratio only, while the student's confident continuation of the derailed text, which the
+    teacher finds far less likely, is pushed down instead: in those contexts the entropy rises and derails more."""
     if student_logp.shape != teacher_logp.shape or student_logp.shape != mask.shape:
         raise ValueError(f"student, teacher log-probs and mask must have one shape [N, T], got "
                          f"{tuple(student_logp.shape)}, {tuple(teacher_logp.shape)}, {tuple(mask.shape)}")
@@ -103,4 +110,17 @@ def reverse_kl_advantages(student_logp: Tensor, teacher_logp: Tensor, mask: Tens
     ratio = student_logp - teacher_logp
     if centred:
         ratio = ratio - ratio[on].mean() if on.any() else ratio
+    ratio = torch.where(on, ratio, 0.0)
+    if discount:
+        ratio = discounted_future_sums(ratio, discount)
     return torch.where(on, -coef * ratio, 0.0)
+
+
+def discounted_future_sums(values: Tensor, discount: float) -> Tensor:
+    """[N, T] -> [N, T]: out[:, t] = sum_{u >= t} discount^(u - t) values[:, u], along each row."""
+    out = torch.empty_like(values)
+    running = torch.zeros_like(values[:, 0])
+    for t in range(values.shape[1] - 1, -1, -1):
+        running = values[:, t] + discount * running
+        out[:, t] = running
+    return out

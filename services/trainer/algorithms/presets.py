@@ -77,6 +77,10 @@ class AlgorithmConfig(Schema):
         False, description="the distillation term less its mean over the step's trained tokens (a baseline: the "
         "gradient's expectation is kept, its spread cut; docs/concepts/objective.md)"
     )
+    distillation_discount: float = Field(
+        0.0, ge=0, le=1, description="each sampled token's distillation term also carries the log-ratios of the "
+        "tokens after it, discounted by this factor a position (the future reverse KL it led to); 0: its own alone"
+    )
     reward_advantage: bool = Field(
         True, description="the advantage estimator's term from the verifier's reward; false: the distillation term "
         "alone (needs distillation_coef > 0)"
