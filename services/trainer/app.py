@@ -91,12 +91,16 @@ class TrainerHost(ServiceHost):
             raise
         # Before the model loads too: a teacher whose ids mean other tokens is refused, naming both tokenizers.
         self.teacher = None
+        self.teacher_routes: dict[str, TeacherClient] = {}
         try:
             tokenizer = AutoTokenizer.from_pretrained(config.model)
+            fingerprint, name = tokenizer_fingerprint(tokenizer), tokenizer_name(tokenizer, config.model)
             if config.teacher is not None:
-                self.teacher = TeacherClient(config.teacher, tokenizer_fingerprint(tokenizer),
-                                             tokenizer_name(tokenizer, config.model), retries=False)
+                self.teacher = TeacherClient(config.teacher, fingerprint, name, retries=False)
                 self.teacher.connect(field="teacher")
+            for source, route in config.teachers_by_data_source.items():
+                self.teacher_routes[source] = TeacherClient(route, fingerprint, name, retries=False)
+                self.teacher_routes[source].connect(field=f"teachers_by_data_source.{source}")
         except BaseException:
             self._close_clients()
             raise
@@ -125,7 +129,7 @@ class TrainerHost(ServiceHost):
             self.broadcaster = WeightBroadcaster(config.weight_sync, self.registry).start()
         self.teacher_scores = None
         if self.teacher is not None:
-            self.teacher_scores = TeacherScores(self.teacher, give_up_seconds=config.teacher.retry_seconds)
+            self.teacher_scores = TeacherScores(self.teacher, self.teacher_routes)
         # Published weights are copied while the next step's forward and backward run; its update waits for the
         # copy before it changes the live weights the copy reads.
         update = PolicyUpdate(self.strategy, algorithm, settings, reference,
@@ -196,8 +200,9 @@ class TrainerHost(ServiceHost):
 
     def _close_clients(self) -> None:
         self.buffer.close()
-        if self.teacher is not None:
-            self.teacher.close()
+        for teacher in [self.teacher, *self.teacher_routes.values()]:
+            if teacher is not None:
+                teacher.close()
 
 
 def build(config: TrainerServiceConfig) -> TrainerHost:

@@ -38,6 +38,7 @@ class ExperienceBatch:
     # [N, T] long: tokens the engine's top-k / top-p kept at each position (0: the whole vocabulary); None: no
     # sample of the batch was truncated. The trainer's log-probs are taken over the same support.
     support: torch.Tensor | None
+    data_sources: list[str | None]    # N: each sample's prompt row's data source (None: the row names none)
     group_size: int                   # G: samples i*G..(i+1)*G-1 answer the same prompt
     pad_id: int                       # for a layout that pads
 
@@ -120,6 +121,8 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
         tool_calls=torch.tensor([t.episode.tool_calls if t.episode else 0 for t in trajectories],
                                 dtype=torch.float32),
         support=support,
+        data_sources=[g.prompt.data_source if g.prompt.HasField("data_source") else None
+                      for g in groups for _ in g.trajectories],
         group_size=sizes.pop(),
         pad_id=pad_id,
     )

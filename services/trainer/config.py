@@ -139,6 +139,10 @@ class TrainerServiceConfig(Schema):
     teacher: ClientConfig | None = Field(
         None, description="the teacher service that scores each step's tokens for on-policy distillation "
         "(algorithm.distillation_coef); its tokenizer must name ids as the model's does (null: no teacher)")
+    teachers_by_data_source: dict[str, ClientConfig] = Field(
+        default_factory=dict, description="data_source -> the teacher service that scores that source's samples "
+        "instead of `teacher` (several teachers routed by task, e.g. {gsm8k: {address: ...}, apps: {...}}); each "
+        "tokenizer is checked as teacher's is")
     max_steps: int | None = Field(None, gt=0, description="stop after this many steps (default: the end of the data)")
     torch_threads: int | None = Field(None, gt=0, description="CPU threads of torch in this process (null: "
                                       "torch's default, all cores); on a shared small machine 1 avoids contention")
@@ -154,6 +158,9 @@ class TrainerServiceConfig(Schema):
         if self.algorithm.distillation_coef and self.teacher is None:
             raise ValueError("algorithm.distillation_coef: distillation needs a teacher: set teacher.address (the "
                              "teacher service's HOST:PORT)")
+        if self.teachers_by_data_source and self.teacher is None:
+            raise ValueError("teachers_by_data_source: the samples of other data sources need a teacher too: set "
+                             "teacher.address (the teacher of every source the routes do not name)")
         return self
 
     @model_validator(mode="after")

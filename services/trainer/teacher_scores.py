@@ -27,24 +27,32 @@ def teacher_sequences(batch: ExperienceBatch) -> list[tuple[np.ndarray, int]]:
 
 
 class TeacherScores:
-    """batch -> [N, T] float32 log p_teacher of each response token (0 on padding), from the teacher service.
+    """batch -> [N, T] float32 log p_teacher of each response token (0 on padding), from the teacher services:
+    each sample's data source's teacher in `routes`, else `client`.
 
     A teacher that is down, restarting, slow past the deadline or busy is waited for with backoff, a warning each
-    try, for the client's retry_seconds; then the step fails with the last error (the client retries nothing
+    try, for its client's retry_seconds; then the step fails with the last error (the client retries nothing
     itself: built with retries=False, one retry layer). close() ends the wait at once."""
 
-    def __init__(self, client: TeacherClient, give_up_seconds: float):
+    def __init__(self, client: TeacherClient, routes: dict[str, TeacherClient] | None = None):
         self.client = client
-        self.give_up_seconds = give_up_seconds
+        self.routes = routes or {}
         self.stopping = threading.Event()
 
     def __call__(self, batch: ExperienceBatch) -> torch.Tensor:
         sequences = teacher_sequences(batch)
-        answers = until_done(lambda: self.client.logprobs(sequences), what="teacher log-probs", stop=self.stopping,
-                             max_backoff=TEACHER_BACKOFF_MAX_SECONDS, give_up_seconds=self.give_up_seconds)
+        rows_of: dict[int, tuple[TeacherClient, list[int]]] = {}
+        for row, source in enumerate(batch.data_sources):
+            client = self.routes.get(source, self.client) if source is not None else self.client
+            rows_of.setdefault(id(client), (client, []))[1].append(row)
         out = torch.zeros(batch.response_mask.shape)
-        for row, scores in enumerate(answers):
-            out[row, :len(scores)] = torch.from_numpy(scores)
+        for client, rows in rows_of.values():
+            asked = [sequences[row] for row in rows]
+            answers = until_done(lambda c=client, a=asked: c.logprobs(a),
+                                 what=f"teacher log-probs ({client.config.address})", stop=self.stopping,
+                                 max_backoff=TEACHER_BACKOFF_MAX_SECONDS, give_up_seconds=client.config.retry_seconds)
+            for row, scores in zip(rows, answers, strict=True):
+                out[row, :len(scores)] = torch.from_numpy(scores)
         return out
 
     def close(self) -> None:

@@ -43,12 +43,17 @@ def teacher_scores(models):
     student, teacher = models
     host = build_teacher(load_config(TeacherServiceConfig, None, {
         "server.listen": "127.0.0.1:0", "server.metrics_port": None, "model.path": str(teacher)})).start()
-    tokenizer = AutoTokenizer.from_pretrained(student)
-    client = TeacherClient(ClientConfig(address=host.address, timeout_seconds=10.0),
-                           tokenizer_fingerprint(tokenizer), tokenizer_name(tokenizer, student))
-    yield TeacherScores(client, give_up_seconds=10.0)
+    client = teacher_client(host.address, student, retry_seconds=10.0, retries=True)
+    yield TeacherScores(client)
     client.close()
     host.stop(grace=0)
+
+
+def teacher_client(address, student, retry_seconds, retries=False):
+    """The trainer's client of a teacher: its tokenizer the student's, waiting up to retry_seconds for one down."""
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    return TeacherClient(ClientConfig(address=address, timeout_seconds=10.0, retry_seconds=retry_seconds),
+                         tokenizer_fingerprint(tokenizer), tokenizer_name(tokenizer, student), retries=retries)
 
 
 def step(student, algorithm, scores, batch):
@@ -152,9 +157,7 @@ def test_a_teacher_down_mid_run_is_waited_for_with_backoff_and_said_so(models, c
     batch = collate(behaviour_groups(student, SHIFT), pad_id=0)
     listen = f"127.0.0.1:{free_port()}"
     host = start_teacher_at(teacher, listen)
-    tokenizer = AutoTokenizer.from_pretrained(student)
-    client = TeacherClient(ClientConfig(address=listen, timeout_seconds=10.0), tokenizer_fingerprint(tokenizer),
-                           tokenizer_name(tokenizer, student), retries=False)
+    client = teacher_client(listen, student, retry_seconds=30.0)
     client.connect()
     host.stop(grace=0)
     back = []
@@ -162,23 +165,53 @@ def test_a_teacher_down_mid_run_is_waited_for_with_backoff_and_said_so(models, c
     restart.start()
     try:
         with caplog.at_level(logging.WARNING, logger="zerobubble.common.persistence"):
-            scores = TeacherScores(client, give_up_seconds=30.0)(batch)
+            scores = TeacherScores(client)(batch)
     finally:
         restart.join()
         for started in back:
             started.stop(grace=0)
     mask = batch.response_mask.bool()
     assert scores[mask].double().tolist() == pytest.approx(own_logprobs(teacher, batch)[mask].tolist(), abs=1e-5)
-    assert "teacher log-probs: UNAVAILABLE" in caplog.text, "the wait is said in the log"
+    assert f"teacher log-probs ({listen}): UNAVAILABLE" in caplog.text, "the wait is said in the log, naming whom"
 
     # Down for longer than the client's retry_seconds: the step fails with the teacher's status; close() ends a
     # wait at once.
-    waiting = TeacherScores(client, give_up_seconds=0.5)
+    impatient = teacher_client(listen, student, retry_seconds=0.5)
+    impatient.limits = client.limits
     with pytest.raises(grpc.RpcError) as caught:
-        waiting(batch)
+        TeacherScores(impatient)(batch)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-    stopped = TeacherScores(client, give_up_seconds=30.0)
+    stopped = TeacherScores(client)
     stopped.close()
     with pytest.raises(Stopped):
         stopped(batch)
+    impatient.close()
     client.close()
+
+
+def test_each_sample_is_scored_by_its_data_sources_teacher(models, tmp_path):
+    student, teacher = models
+    other = make_tiny_model(tmp_path / "other-teacher", seed=2)
+    groups = behaviour_groups(student, SHIFT)
+    groups[1].prompt.data_source = "apps"   # group 0 names no source: the default teacher's
+    batch = collate(groups, pad_id=0)
+    hosts = [start_teacher_at(model, "127.0.0.1:0") for model in (teacher, other)]
+    clients = [teacher_client(host.address, student, retry_seconds=5.0) for host in hosts]
+    try:
+        scores = TeacherScores(clients[0], {"apps": clients[1], "gsm8k": clients[0]})(batch)
+    finally:
+        for client, host in zip(clients, hosts, strict=True):
+            client.close()
+            host.stop(grace=0)
+    mask = batch.response_mask.bool()
+    routed = torch.cat([own_logprobs(teacher, batch)[:GENERATIONS], own_logprobs(other, batch)[GENERATIONS:]])
+    assert scores[mask].double().tolist() == pytest.approx(routed[mask].tolist(), abs=1e-5)
+    # The two teachers disagree: the case tells a routed sample from one left with the default.
+    assert (own_logprobs(teacher, batch) - own_logprobs(other, batch))[mask].abs().max() > 1e-2
+
+
+def test_routes_without_a_default_teacher_are_refused_naming_the_field(models):
+    student, _ = models
+    with pytest.raises(ConfigError, match="teachers_by_data_source: the samples of other data sources"):
+        load_config(TrainerServiceConfig, None, {"model": str(student), "teachers_by_data_source.apps.address":
+                                                 "127.0.0.1:1"})

@@ -48,6 +48,26 @@ def test_a_teacher_of_another_tokenizer_is_refused_before_training_naming_both(a
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_a_routed_teacher_of_another_tokenizer_is_refused_naming_its_route(assets, tmp_path):
+    model, train, _ = assets
+    other = make_other_model(tmp_path / "other")
+    teacher_dir = make_tiny_model(tmp_path / "teacher", size="1m", seed=7)
+    buffer = start_buffer(train, tmp_path / "wal", **DISTILL)
+    teachers = [start_teacher(teacher_dir), start_teacher(other)]
+    try:
+        with pytest.raises(TokenizerMismatch) as caught:
+            start_trainer(model, buffer.address, tmp_path / "run", **{
+                "algorithm.preset": "DISTILL", "teacher.address": teachers[0].address,
+                "teachers_by_data_source.apps.address": teachers[1].address})
+    finally:
+        for teacher in teachers:
+            teacher.stop(grace=0)
+        buffer.stop(grace=0)
+    message = str(caught.value)
+    assert message.startswith("teachers_by_data_source.apps: ") and str(other) in message
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_steps_train_on_the_teachers_log_probs(assets, tmp_path):
     model, train, _ = assets
     teacher_dir = make_tiny_model(tmp_path / "teacher", size="1m", seed=7)
