@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import torch
 
@@ -112,10 +113,15 @@ class RolloutHost(ServiceHost):
         return self
 
     def stop(self, grace: float | None = None) -> None:
+        """Within the grace: the server's calls end and the batches already playing finish and are pushed; then
+        the worker gives up what is left (its leases expire back to the queue)."""
+        deadline = time.monotonic() + (self.config.grace_seconds if grace is None else grace)
         self.worker.stop()
         if self.openai is not None:
             self.openai.stop()
         super().stop(grace)
+        self._worker_thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.worker.abandon()
         if self._worker_thread.is_alive():
             self._worker_thread.join(timeout=60)
         if self.receiver is not None:

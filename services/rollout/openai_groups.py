@@ -85,7 +85,8 @@ class GroupPusher:
 
     def lease(self) -> buffer_pb2.LeaseReply:
         worker = self.worker
-        return worker.persist(lambda: worker.buffer.lease(self.producer_id, 1), "lease", worker.buffer)
+        return worker.persist(lambda: worker.buffer.lease(self.producer_id, 1), "lease", worker.buffer,
+                              stop=worker.stopping)
 
     def give_back(self, group: Group) -> bool:
         """The group's prompt goes back to the buffer's queue (its lease completed without a group); False when

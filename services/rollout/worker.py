@@ -61,7 +61,8 @@ class RolloutWorker:
         self.prompts = player.prompts.default
         # One engine, shared with the Generate RPC: whoever holds this lock is generating or loading weights.
         self.engine_lock = threading.Lock()
-        self.stopping = threading.Event()
+        self.stopping = threading.Event()     # no more leases
+        self.abandoning = threading.Event()   # nor the scoring and pushing of batches already played
         self.running = threading.Event()
         self.running.set()
         self.finished = threading.Event()
@@ -91,8 +92,16 @@ class RolloutWorker:
         self.running.set()
 
     def stop(self) -> None:
+        """Lease no more. Batches already playing play to their end and are scored and pushed, their leases
+        completed, until abandon(): work done is not thrown away because a stop came while it was under way."""
         self.stopping.set()
         self.running.set()
+
+    def abandon(self) -> None:
+        """Stop, and give up scoring and pushing too (the stop's grace is over): an unpushed batch's prompts go
+        back to the queue when its lease expires."""
+        self.abandoning.set()
+        self.stop()
 
     @property
     def paused(self) -> bool:
@@ -146,7 +155,7 @@ class RolloutWorker:
         started = time.monotonic()
         lease = self.persist(lambda: self.buffer.lease(self.config.worker_id,
                                                         self.config.generation.prompts_per_batch),
-                              "lease", self.buffer)
+                              "lease", self.buffer, stop=self.stopping)
         self.metrics.buffer_wait.inc(time.monotonic() - started)
         if lease.end_of_data:
             log.info("the buffer has no more prompts: generation is done")
@@ -281,13 +290,14 @@ class RolloutWorker:
         backoff = 0.1
         while pending:
             if self.persist(attempt, "push", self.buffer):
-                if self.stopping.wait(backoff):
+                if self.abandoning.wait(backoff):
                     raise Stopped("push")
                 backoff = min(self.config.backoff_max_seconds, backoff * 2)
 
-    def persist(self, call, what: str, peer):
-        """`call` to `peer` (a client), retried for as long as that client's retry_seconds allow."""
-        return until_done(call, what=what, stop=self.stopping, max_backoff=self.config.backoff_max_seconds,
+    def persist(self, call, what: str, peer, stop: threading.Event | None = None):
+        """`call` to `peer` (a client), retried for as long as that client's retry_seconds allow, or until `stop`
+        (by default: until the worker abandons its work)."""
+        return until_done(call, what=what, stop=stop or self.abandoning, max_backoff=self.config.backoff_max_seconds,
                           give_up_seconds=peer.config.retry_seconds)
 
     # -- for the Generate RPC and Status -----------------------------------------------------------

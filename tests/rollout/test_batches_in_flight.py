@@ -148,3 +148,43 @@ def test_a_worker_asked_to_overlap_batches_between_batches_refuses_to_start(tmp_
     finally:
         buffer.stop()
         reward.stop()
+
+
+def test_a_worker_stopped_with_two_batches_in_flight_finishes_and_pushes_both_and_leases_no_more(
+        tmp_path, slow_rows_environment):
+    model, _, _ = tiny_assets(tmp_path / "tiny", train_size=2, eval_size=2)
+    # Two rows a batch, a slow row in each of the first two: both batches are still playing when the stop comes.
+    train = tmp_path / "train.jsonl"
+    questions = ("slow 1+0=", "1+0=", "slow 2-1=", "3-2=", "4-3=", "5-4=")
+    train.write_text("".join(json.dumps({"messages": [{"role": "user", "content": question}], "gt_answer": "1"}) + "\n"
+                             for question in questions))
+    reward = start_reward()
+    buffer = start_buffer(train, tmp_path / "wal", **{
+        "prompts.shuffle": False, "run_spec.num_generations": 2, "run_spec.max_new_tokens": 24,
+        "run_spec.weight_updates": "between_turns",
+        "run_spec.episodes.default": {"environment": "slow_rows", "reward": "environment"},
+        "run_spec.episodes.max_turns": 1, "run_spec.episodes.max_turn_tokens": 8})
+    config = rollout_config(model, buffer.address, reward.address, tmp_path, **{
+        "generation.num_generations": 2, "generation.prompts_per_batch": 2, "generation.batches_in_flight": 2,
+        "generation.max_new_tokens": 24, "environment.address": slow_rows_environment.address})
+    host = build(config).start()
+    try:
+        wait_for(lambda: host.worker.batches.playing == 2, 120, "two batches in flight")
+        started = time.monotonic()
+        host.stop(grace=20.0)
+        stopping_took = time.monotonic() - started
+        with BufferClient(buffer.address) as client:
+            pulled = client.pull(0, 1, 1000, wait_seconds=0.5)
+            # What the stopped worker never leased is the next worker's.
+            after = [json.loads(p.messages_json)[-1]["content"] for p in client.lease("rollout-next", 10).prompts]
+    finally:
+        buffer.stop()
+        reward.stop()
+    pushed = sorted(json.loads(g.group.prompt.messages_json)[-1]["content"] for g in pulled.groups)
+    # Both batches played to their end and were pushed, each group whole; no third batch was leased.
+    assert pushed == sorted(questions[:4]), pushed
+    assert all(len(g.group.trajectories) == 2 for g in pulled.groups)
+    assert not host.worker.batches.playing and host.worker.error is None
+    # The stop waited for the slow steps (4 s), not for its whole grace.
+    assert stopping_took < 15, stopping_took
+    assert after == list(questions[4:]), after

@@ -76,6 +76,16 @@ def test_the_tool_demo_plays_every_row_in_the_calculator_it_starts():
         up_config(parse("--config", "tool-demo", "--set", "environment.environments=[]"))
 
 
+def test_the_distill_demo_is_the_demo_with_a_teacher_made_here_and_the_distillation_term():
+    demo, distill = up_config(parse("--config", "demo")), up_config(parse("--config", "distill-demo"))
+    assert distill.runs_teacher and distill.tiny_teacher.warm_start_steps > distill.tiny_model.warm_start_steps
+    algorithm = distill.trainer["algorithm"]
+    assert algorithm["distillation_coef"] > 0 and algorithm["distillation_discount"] == 1.0
+    # Beside RL alone at equal time, it must differ from the demo in nothing else: the same student, task and run.
+    assert distill.tiny_model == demo.tiny_model and distill.task == demo.task and distill.run == demo.run
+    assert distill.run_dir != demo.run_dir
+
+
 def test_dry_run_shows_each_setting_its_source_and_what_is_derived_and_starts_nothing(rows, tmp_path, capsys,
                                                                                       no_children):
     run_dir = tmp_path / "run"
