@@ -56,7 +56,7 @@ class Call:
     prompt_ids: list[int]
     completion_ids: list[int]
     logprobs: list[float]
-    policy_version: int
+    policy_versions: list[int]   # the version that drew each completion token
     finish_reason: str = "stop"
     temperature: float = 1.0
     # Tokens the engine kept at each completion token (top-p or top-k: engine.py's Sample.support); empty: the whole
@@ -85,12 +85,12 @@ def stitch(calls: list[Call]) -> list[dict]:
             last["response_ids"] += between + call.completion_ids
             last["loss_mask"] += [0] * len(between) + [1] * len(call.completion_ids)
             last["logprobs"] += [0.0] * len(between) + call.logprobs
-            last["policy_versions"] += [-1] * len(between) + [call.policy_version] * len(call.completion_ids)
+            last["policy_versions"] += [-1] * len(between) + call.policy_versions
             last["support"] += [0] * len(between) + _support(call)
         else:
             samples.append({"prompt_ids": list(call.prompt_ids), "response_ids": list(call.completion_ids),
                             "loss_mask": [1] * len(call.completion_ids), "logprobs": list(call.logprobs),
-                            "policy_versions": [call.policy_version] * len(call.completion_ids),
+                            "policy_versions": list(call.policy_versions),
                             "support": _support(call)})
     return samples
 
@@ -203,6 +203,7 @@ class OpenAIEndpoint:
                     del self._groups[session.group_id]
                 else:
                     group = None
+        self.worker.forget(session_id)
         answer = {"session_id": session_id, "reward": reward, "row": session.row, "samples": samples}
         if group is not None:
             try:
@@ -230,13 +231,12 @@ class OpenAIEndpoint:
                                                  "(max_calls_per_session)")
             session.running += 1
         try:
-            samples, version = self.worker.generate([prompt_ids], sampling)
-            sample = samples[0][0]
+            sample, versions = self.worker.complete(prompt_ids, sampling, key=session_id)
             completion = [int(token) for token in sample.token_ids]
             logprobs = [float(value) for value in sample.logprobs]
             support = [] if sample.support is None else [int(kept) for kept in sample.support]
             with self._lock:
-                session.calls.append(Call(prompt_ids, completion, logprobs, version, sample.finish_reason,
+                session.calls.append(Call(prompt_ids, completion, logprobs, versions, sample.finish_reason,
                                           sampling.temperature, support))
         finally:
             with self._lock:
@@ -248,7 +248,8 @@ class OpenAIEndpoint:
                              "message": {"role": "assistant", "content": text}}],
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion),
                           "total_tokens": len(prompt_ids) + len(completion)},
-                "prompt_token_ids": prompt_ids, "completion_token_ids": completion, "policy_version": version}
+                "prompt_token_ids": prompt_ids, "completion_token_ids": completion,
+                "policy_version": min(versions, default=self.worker.engine.policy_version)}
 
     def _request(self, body: dict) -> tuple[list[int], SamplingSettings]:
         unknown = sorted(set(body) - _CHAT_FIELDS)

@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Hashable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -300,7 +301,25 @@ class RolloutWorker:
         return until_done(call, what=what, stop=stop or self.abandoning, max_backoff=self.config.backoff_max_seconds,
                           give_up_seconds=peer.config.retry_seconds)
 
-    # -- for the Generate RPC and Status -----------------------------------------------------------
+    # -- for the Generate RPC, the OpenAI endpoint and Status -------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> tuple[list[list[Sample]], int]:
         with self.engine_lock:
             return self.engine.generate(prompt_ids, sampling), self.engine.policy_version
+
+    def complete(self, prompt_ids: list[int], sampling: SamplingSettings, key: Hashable) -> tuple[Sample, list[int]]:
+        """One response to one prompt, with the policy version that drew each of its tokens. Through the engine's
+        continuous batcher where it has one: concurrent calls share its decode steps instead of queueing for the
+        engine lock, and a call under the `key` of an earlier one reuses that call's cache for the prefix they
+        share (an agent's next turn). Weights loaded meanwhile reach the tokens after the load, each token
+        carrying its version. Otherwise one generate call under the engine lock, on one version."""
+        if hasattr(self.engine, "continuous"):
+            sample = self.engine.continuous().submit(prompt_ids, sampling, key=key).result()
+            return sample, [int(v) for v in sample.versions]
+        samples, version = self.generate([prompt_ids], sampling)
+        return samples[0][0], [version] * len(samples[0][0].token_ids)
+
+    def forget(self, key: Hashable) -> None:
+        """`key` will call complete() no more: the batcher may free the cache it keeps for it."""
+        batcher = getattr(self.engine, "started_batcher", None)
+        if batcher is not None:
+            batcher.forget(key)

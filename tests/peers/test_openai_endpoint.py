@@ -24,7 +24,12 @@ MAX_CALLS = 3
 
 
 @pytest.fixture(scope="module")
-def endpoint(tmp_path_factory, monkeypatch_module):
+def endpoint(endpoint_host):
+    return f"http://127.0.0.1:{endpoint_host.openai.port}"
+
+
+@pytest.fixture(scope="module")
+def endpoint_host(tmp_path_factory, monkeypatch_module):
     folder = tmp_path_factory.mktemp("tiny")
     model, train, _ = tiny_assets(folder, train_size=2, eval_size=1)
     buffer = start_buffer(train, folder / "wal", **{"run_spec.max_new_tokens": MAX_NEW_TOKENS,
@@ -38,7 +43,7 @@ def endpoint(tmp_path_factory, monkeypatch_module):
         "reward_service.address": f"127.0.0.1:{free_port()}", "reward_service.retry_seconds": 3600,
         "openai.enabled": True, "openai.max_sessions": 2, "openai.max_calls_per_session": MAX_CALLS})
     host = build(config).start()
-    yield f"http://127.0.0.1:{host.openai.port}"
+    yield host
     host.stop(0.5)
     buffer.stop(0)
 
@@ -74,7 +79,8 @@ def test_an_agent_loop_through_the_openai_client_is_recorded_token_for_token(end
         answer = client.chat.completions.create(model="zerobubble-policy", messages=messages, tools=tools,
                                                 max_tokens=MAX_NEW_TOKENS, temperature=1.0)
         extra = answer.model_extra
-        received.append(Call(extra["prompt_token_ids"], extra["completion_token_ids"], [], extra["policy_version"]))
+        received.append(Call(extra["prompt_token_ids"], extra["completion_token_ids"], [],
+                             [extra["policy_version"]] * len(extra["completion_token_ids"])))
         assert 0 < answer.usage.completion_tokens == len(extra["completion_token_ids"]) <= MAX_NEW_TOKENS
         # The agent's tool runs on its side; its result goes back as the next call's messages.
         messages += [{"role": "assistant", "content": answer.choices[0].message.content},
@@ -93,7 +99,7 @@ def test_an_agent_loop_through_the_openai_client_is_recorded_token_for_token(end
                                                                         strict=True)]
     assert all(value <= 0.0 for value, mask in pairs if mask) and any(value < 0.0 for value, mask in pairs if mask)
     assert all(value == 0.0 for value, mask in pairs if not mask)
-    assert all(sample["policy_versions"][i] == received[0].policy_version for sample in samples
+    assert all(sample["policy_versions"][i] == received[0].policy_versions[0] for sample in samples
                for i, mask in enumerate(sample["loss_mask"]) if mask)
     # The tiny model's chat template re-renders an assistant turn other than as sampled, so the calls fork here;
     # test_calls_that_extend_each_other_form_one_sample_and_one_that_does_not_forks covers the extension.
@@ -116,8 +122,8 @@ def test_a_call_at_top_p_records_the_support_its_tokens_were_drawn_from(endpoint
 
 
 def test_calls_that_extend_each_other_form_one_sample_and_one_that_does_not_forks():
-    calls = [Call([1, 2], [3, 4], [-0.1, -0.2], 5), Call([1, 2, 3, 4, 9], [6], [-0.3], 6),
-             Call([1, 7], [8], [-0.4], 6)]
+    calls = [Call([1, 2], [3, 4], [-0.1, -0.2], [5, 5]), Call([1, 2, 3, 4, 9], [6], [-0.3], [6]),
+             Call([1, 7], [8], [-0.4], [6])]
     first, second = stitch(calls)
     assert first == {"prompt_ids": [1, 2], "response_ids": [3, 4, 9, 6], "loss_mask": [1, 1, 0, 1],
                      "logprobs": [-0.1, -0.2, 0.0, -0.3], "policy_versions": [5, 5, -1, 6], "support": [0, 0, 0, 0]}
@@ -176,6 +182,33 @@ def test_concurrent_calls_on_a_session_pass_its_call_limit_never(endpoint):
     assert status == 200 and 1 <= recorded <= MAX_CALLS
     completions = sum(len(answer["completion_token_ids"]) for status, answer in answers if status == 200)
     assert sum(sum(sample["loss_mask"]) for sample in closed["samples"]) == completions
+
+
+def test_calls_of_two_sessions_share_the_batchers_decode_steps_and_a_sessions_next_call_its_cache(
+        endpoint, endpoint_host):
+    """The transformers engine's continuous batcher serves the endpoint: calls made at once decode side by side
+    (no engine lock between them), and a session's next call, whose prompt extends the last one's, reuses the
+    cache kept under the session."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sessions = [post(f"{endpoint}/v1/sessions", {})[1] for _ in range(2)]
+    body = {"messages": [{"role": "user", "content": "Count the letters of this sentence for me."}],
+            "max_tokens": MAX_NEW_TOKENS, "temperature": 1.0}
+    batcher = None
+    for _ in range(MAX_CALLS - 1):   # a call of the limit left for the cache's turn below
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda s: post(f"{endpoint}{s['base_url']}/chat/completions", body), sessions))
+        assert [status for status, _ in answers] == [200, 200], answers
+        batcher = endpoint_host.engine.started_batcher
+        if batcher is not None and batcher.stats.peak_running >= 2:
+            break
+    assert batcher is not None, "the calls did not go through the continuous batcher"
+    assert batcher.stats.peak_running >= 2, batcher.stats
+    reused = batcher.stats.reused_tokens
+    status, again = post(f"{endpoint}{sessions[0]['base_url']}/chat/completions", body)
+    assert status == 200 and batcher.stats.reused_tokens >= reused + len(again["prompt_token_ids"]) // 2
+    for session in sessions:
+        assert post(f"{endpoint}/v1/sessions/{session['session_id']}/close", {"reward": 0})[0] == 200
 
 
 def test_the_token_sessions_and_their_limit_are_enforced(endpoint):

@@ -112,7 +112,11 @@ def test_a_groups_sessions_are_pushed_as_one_group_with_the_tokens_the_client_re
     stats = buffer.stats()
     assert stats["groups_in"] == 1 and stats["queued_groups"] == 1, stats
     prefix = pushed["prompt_ids"]
-    assert prefix == common_prefix([[*calls[0]["prompt_token_ids"]] for calls in received])
+    # The group's prompt: what the sessions' trained chains (their last samples) share, at least the row's prompt
+    # that every first call began with (more when the chains are later calls whose conversations agree further).
+    assert prefix == common_prefix([closed["samples"][-1]["prompt_ids"] for closed in (first, second)])
+    row_prompt = common_prefix([[*calls[0]["prompt_token_ids"]] for calls in received])
+    assert prefix[:len(row_prompt)] == row_prompt
     for calls, trajectory in zip(received, pushed["trajectories"], strict=True):
         last = calls[-1]
         # The trained chain ends with the session's last call: its prompt and completion, token for token.
@@ -209,7 +213,7 @@ def test_exclusive_without_the_endpoint_is_refused_naming_the_field(tmp_path):
 
 
 def test_a_chains_prompt_past_the_groups_prefix_is_masked_and_takes_the_next_sampled_version():
-    chain = {**stitch([Call([1, 2, 3], [4, 5], [-0.1, -0.2], 7), Call([1, 2, 3, 4, 5, 9], [6], [-0.3], 8)])[-1],
+    chain = {**stitch([Call([1, 2, 3], [4, 5], [-0.1, -0.2], [7, 7]), Call([1, 2, 3, 4, 5, 9], [6], [-0.3], [8])])[-1],
              "finish_reason": "length"}
     assert common_prefix([[1, 2, 3], [1, 2, 8, 8]]) == [1, 2]
     sample = chain_trajectory(chain, [1, 2], "six", 1.0)
@@ -222,7 +226,7 @@ def test_a_chains_prompt_past_the_groups_prefix_is_masked_and_takes_the_next_sam
 
 def test_a_chain_keeps_the_support_each_call_sampled_from_so_the_trainer_replays_it():
     # The second call drew at top-p: its token came from the 3 most likely, which the trainer must renormalise over.
-    calls = [Call([1, 2, 3], [4, 5], [-0.1, -0.2], 7), Call([1, 2, 3, 4, 5, 9], [6], [-0.3], 8, support=[3])]
+    calls = [Call([1, 2, 3], [4, 5], [-0.1, -0.2], [7, 7]), Call([1, 2, 3, 4, 5, 9], [6], [-0.3], [8], support=[3])]
     chain = {**stitch(calls)[-1], "finish_reason": "stop"}
     sample = chain_trajectory(chain, [1, 2], "six", 1.0)
     assert sample.response_ids.tolist() == [3, 4, 5, 9, 6]
