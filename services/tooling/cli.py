@@ -157,6 +157,7 @@ BENCHES = {
     "environment": ("bench.environment", "environment service: open and step latency, steps/s of episodes at once"),
     "tinker": ("bench.tinker", "the tinker-cookbook's RL loop against the Tinker front vs up: pass@1 gained a minute"),
     "refusals": ("bench.refusals", "seconds for up and serve to refuse bad input at load 4, vs python's start"),
+    "openai": ("bench.openai_calls", "agent sessions calling the OpenAI endpoint at once: batched vs locked"),
 }
 
 # What the train extra brings: a command that needs one of these on a light install says which extra to add.
