@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 from stack import start_buffer, start_reward, tiny_assets
@@ -104,13 +105,14 @@ def slow_rows_environment(tmp_path):
         host.stop()
 
 
-def test_the_worker_pushes_the_next_batch_while_a_slow_episode_of_the_one_before_plays(
-        tmp_path, slow_rows_environment):
+@contextmanager
+def overlapping_worker(tmp_path, environment, questions: tuple[str, ...]):
+    """A worker overlapping two batches of two rows (leased in the order of `questions`, one episode each of at most
+    one turn in the slow-rows environment) between a real buffer and reward service: (host, buffer address)."""
     model, _, _ = tiny_assets(tmp_path / "tiny", train_size=2, eval_size=2)
-    # Leased in this order, two rows a batch: the first batch holds the slow row.
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"messages": [{"role": "user", "content": question}], "gt_answer": "1"}) + "\n"
-                             for question in ("slow 1+0=", "1+0=", "2-1=", "3-2=", "4-3=", "5-4=")))
+                             for question in questions))
     reward = start_reward()
     buffer = start_buffer(train, tmp_path / "wal", **{
         "prompts.shuffle": False, "run_spec.num_generations": 2, "run_spec.max_new_tokens": 24,
@@ -119,17 +121,25 @@ def test_the_worker_pushes_the_next_batch_while_a_slow_episode_of_the_one_before
         "run_spec.episodes.max_turns": 1, "run_spec.episodes.max_turn_tokens": 8})
     config = rollout_config(model, buffer.address, reward.address, tmp_path, **{
         "generation.num_generations": 2, "generation.prompts_per_batch": 2, "generation.batches_in_flight": 2,
-        "generation.max_new_tokens": 24, "environment.address": slow_rows_environment.address})
+        "generation.max_new_tokens": 24, "environment.address": environment.address})
     host = build(config).start()
     try:
-        wait_for(host.worker.drained.is_set, 180, "the worker to finish the data")
-        assert host.worker.batches.limit == 2
-        with BufferClient(buffer.address) as client:
-            pulled = client.pull(0, 1, 1000, wait_seconds=0.5)
+        yield host, buffer.address
     finally:
         host.stop()
         buffer.stop()
         reward.stop()
+
+
+def test_the_worker_pushes_the_next_batch_while_a_slow_episode_of_the_one_before_plays(
+        tmp_path, slow_rows_environment):
+    # The first batch holds the slow row.
+    with overlapping_worker(tmp_path, slow_rows_environment,
+                            ("slow 1+0=", "1+0=", "2-1=", "3-2=", "4-3=", "5-4=")) as (host, buffer):
+        wait_for(host.worker.drained.is_set, 180, "the worker to finish the data")
+        assert host.worker.batches.limit == 2
+        with BufferClient(buffer) as client:
+            pulled = client.pull(0, 1, 1000, wait_seconds=0.5)
     sequences = {json.loads(g.group.prompt.messages_json)[-1]["content"]: g.group.sequence for g in pulled.groups}
     assert len(sequences) == 6
     # Scored and pushed in the order batches finished: the slow row's batch after the one leased behind it.
@@ -152,34 +162,17 @@ def test_a_worker_asked_to_overlap_batches_between_batches_refuses_to_start(tmp_
 
 def test_a_worker_stopped_with_two_batches_in_flight_finishes_and_pushes_both_and_leases_no_more(
         tmp_path, slow_rows_environment):
-    model, _, _ = tiny_assets(tmp_path / "tiny", train_size=2, eval_size=2)
-    # Two rows a batch, a slow row in each of the first two: both batches are still playing when the stop comes.
-    train = tmp_path / "train.jsonl"
+    # A slow row in each of the first two batches: both are still playing when the stop comes.
     questions = ("slow 1+0=", "1+0=", "slow 2-1=", "3-2=", "4-3=", "5-4=")
-    train.write_text("".join(json.dumps({"messages": [{"role": "user", "content": question}], "gt_answer": "1"}) + "\n"
-                             for question in questions))
-    reward = start_reward()
-    buffer = start_buffer(train, tmp_path / "wal", **{
-        "prompts.shuffle": False, "run_spec.num_generations": 2, "run_spec.max_new_tokens": 24,
-        "run_spec.weight_updates": "between_turns",
-        "run_spec.episodes.default": {"environment": "slow_rows", "reward": "environment"},
-        "run_spec.episodes.max_turns": 1, "run_spec.episodes.max_turn_tokens": 8})
-    config = rollout_config(model, buffer.address, reward.address, tmp_path, **{
-        "generation.num_generations": 2, "generation.prompts_per_batch": 2, "generation.batches_in_flight": 2,
-        "generation.max_new_tokens": 24, "environment.address": slow_rows_environment.address})
-    host = build(config).start()
-    try:
+    with overlapping_worker(tmp_path, slow_rows_environment, questions) as (host, buffer):
         wait_for(lambda: host.worker.batches.playing == 2, 120, "two batches in flight")
         started = time.monotonic()
         host.stop(grace=20.0)
         stopping_took = time.monotonic() - started
-        with BufferClient(buffer.address) as client:
+        with BufferClient(buffer) as client:
             pulled = client.pull(0, 1, 1000, wait_seconds=0.5)
             # What the stopped worker never leased is the next worker's.
             after = [json.loads(p.messages_json)[-1]["content"] for p in client.lease("rollout-next", 10).prompts]
-    finally:
-        buffer.stop()
-        reward.stop()
     pushed = sorted(json.loads(g.group.prompt.messages_json)[-1]["content"] for g in pulled.groups)
     # Both batches played to their end and were pushed, each group whole; no third batch was leased.
     assert pushed == sorted(questions[:4]), pushed
