@@ -28,7 +28,7 @@ from zerobubble.trainer.loop import TrainingLoop, write_config
 from zerobubble.trainer.metrics import TrainerMetrics
 from zerobubble.trainer.servicer import FINISHED, SERVICE, TrainerServicer
 from zerobubble.trainer.strategies import make_strategy
-from zerobubble.trainer.teacher_scores import TeacherScores
+from zerobubble.trainer.teacher_scores import TeacherContext, TeacherScores
 from zerobubble.trainer.update import PolicyUpdate, UpdateSettings
 from zerobubble.v1 import trainer_pb2_grpc
 
@@ -129,7 +129,8 @@ class TrainerHost(ServiceHost):
             self.broadcaster = WeightBroadcaster(config.weight_sync, self.registry).start()
         self.teacher_scores = None
         if self.teacher is not None:
-            self.teacher_scores = TeacherScores(self.teacher, self.teacher_routes)
+            context = TeacherContext(tokenizer, config.teacher_context) if config.teacher_context else None
+            self.teacher_scores = TeacherScores(self.teacher, self.teacher_routes, context)
         # Published weights are copied while the next step's forward and backward run; its update waits for the
         # copy before it changes the live weights the copy reads.
         update = PolicyUpdate(self.strategy, algorithm, settings, reference,

@@ -39,6 +39,8 @@ class ExperienceBatch:
     # sample of the batch was truncated. The trainer's log-probs are taken over the same support.
     support: torch.Tensor | None
     data_sources: list[str | None]    # N: each sample's prompt row's data source (None: the row names none)
+    messages: list[str]               # N: each sample's prompt row's messages, as JSON (a self-distilling teacher's)
+    answers: list[str | None]         # N: each sample's ground-truth answer (None: the row has test cases instead)
     group_size: int                   # G: samples i*G..(i+1)*G-1 answer the same prompt
     pad_id: int                       # for a layout that pads
 
@@ -123,6 +125,9 @@ def collate(groups: Sequence[common_pb2.ExperienceGroup], pad_id: int) -> Experi
         support=support,
         data_sources=[g.prompt.data_source if g.prompt.HasField("data_source") else None
                       for g in groups for _ in g.trajectories],
+        messages=[g.prompt.messages_json for g in groups for _ in g.trajectories],
+        answers=[g.prompt.gt_answer if g.prompt.WhichOneof("ground_truth") == "gt_answer" else None
+                 for g in groups for _ in g.trajectories],
         group_size=sizes.pop(),
         pad_id=pad_id,
     )

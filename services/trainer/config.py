@@ -143,6 +143,11 @@ class TrainerServiceConfig(Schema):
         default_factory=dict, description="data_source -> the teacher service that scores that source's samples "
         "instead of `teacher` (several teachers routed by task, e.g. {gsm8k: {address: ...}, apps: {...}}); each "
         "tokenizer is checked as teacher's is")
+    teacher_context: str | None = Field(
+        None, description="self-distillation: the teacher scores each sample's tokens after the row's messages with "
+        "this text added to the last user message, {answer} replaced by the row's ground-truth answer (e.g. 'The "
+        "answer is {answer}.'); with teacher.model.path the student's own folder, the student in the know is its own "
+        "teacher (docs/guides/distillation.md); null: the teacher sees the student's prompt")
     max_steps: int | None = Field(None, gt=0, description="stop after this many steps (default: the end of the data)")
     torch_threads: int | None = Field(None, gt=0, description="CPU threads of torch in this process (null: "
                                       "torch's default, all cores); on a shared small machine 1 avoids contention")
@@ -158,6 +163,14 @@ class TrainerServiceConfig(Schema):
         if self.algorithm.distillation_coef and self.teacher is None:
             raise ValueError("algorithm.distillation_coef: distillation needs a teacher: set teacher.address (the "
                              "teacher service's HOST:PORT)")
+        if self.teacher_context is not None:
+            try:
+                self.teacher_context.format(answer="")
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(f"teacher_context: {exc!r}: the text may name {{answer}} only (write {{{{ and }}}} "
+                                 "for braces)") from None
+            if self.teacher is None:
+                raise ValueError("teacher_context: a context is for a teacher: set teacher.address")
         if self.teachers_by_data_source and self.teacher is None:
             raise ValueError("teachers_by_data_source: the samples of other data sources need a teacher too: set "
                              "teacher.address (the teacher of every source the routes do not name)")

@@ -4,6 +4,7 @@ or added to GRPO's, and the step's loss and reverse-KL figure are what the formu
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -13,7 +14,7 @@ import pytest
 import torch
 from behaviour_cases import GENERATIONS, GROUPS, behaviour_groups, own_logprobs
 from strategy_helpers import make_tiny_model, strategy_config
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerobubble.common.clients.teacher import TeacherClient
 from zerobubble.common.config import ClientConfig, ConfigError, load_config
@@ -26,10 +27,13 @@ from zerobubble.trainer.algorithms import algorithm_config
 from zerobubble.trainer.collate import collate
 from zerobubble.trainer.config import TrainerServiceConfig
 from zerobubble.trainer.strategies import make_strategy
-from zerobubble.trainer.teacher_scores import TeacherScores
+from zerobubble.trainer.teacher_scores import TeacherContext, TeacherScores
 from zerobubble.trainer.update import PolicyUpdate, UpdateSettings
 
 SHIFT = 0.1   # behaviour log-probs 0.1 under the student's own: behaviour weight e^0.1 on every token
+# A chat template short enough for the test model's 64 positions: each message's role and content on a line.
+TEMPLATE = ("{% for m in messages %}{{ m.role[0] }}:{{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}a:{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +219,48 @@ def test_routes_without_a_default_teacher_are_refused_naming_the_field(models):
     with pytest.raises(ConfigError, match="teachers_by_data_source: the samples of other data sources"):
         load_config(TrainerServiceConfig, None, {"model": str(student), "teachers_by_data_source.apps.address":
                                                  "127.0.0.1:1"})
+
+
+def test_a_self_distilling_teacher_scores_the_sampled_tokens_after_the_row_and_its_answer(models, tmp_path):
+    """The student's own model as the teacher, seeing the row with 'A={answer}' added: its log-probs are those of a
+    plain forward of the student over the hand-written prompt with the answer, then the very response ids sampled
+    (never re-encoded)."""
+    student, _ = models
+    groups = behaviour_groups(student, SHIFT)
+    rows = [("2+5=", "7"), ("9-4=", "5")]
+    for group, (question, answer) in zip(groups, rows, strict=True):
+        group.prompt.messages_json = json.dumps([{"role": "user", "content": question}])
+        group.prompt.gt_answer = answer
+    batch = collate(groups, pad_id=0)
+    host = start_teacher_at(student, "127.0.0.1:0")
+    client = teacher_client(host.address, student, retry_seconds=5.0)
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    # This test model's tokenizer has no chat template; the trainer's comes with its model.
+    tokenizer.chat_template = TEMPLATE
+    try:
+        scores = TeacherScores(client, context=TeacherContext(tokenizer, "A={answer}"))(batch)
+    finally:
+        client.close()
+        host.stop(grace=0)
+    model = AutoModelForCausalLM.from_pretrained(student)
+    mask = batch.response_mask.bool()
+    for row, (sequence, prompt_length) in enumerate(zip(batch.sequences, batch.prompt_lengths, strict=True)):
+        question, answer = rows[row // GENERATIONS]
+        prompt = tokenizer.encode(f"u:{question}\n\nA={answer}\na:", add_special_tokens=False)
+        response = sequence[int(prompt_length):]
+        ids = torch.cat([torch.tensor(prompt), response])[None]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1:-1].double(), -1)
+        expected = logp.gather(1, response[:, None]).squeeze(1)
+        assert scores[row][mask[row]].double().tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    # In the student's own prompt the same model says otherwise: the context is what the teacher adds.
+    assert (scores - batch.behaviour_logprobs - SHIFT)[mask].abs().max() > 1e-2
+
+
+def test_a_teacher_context_naming_another_field_or_without_a_teacher_is_refused(models):
+    student, _ = models
+    with pytest.raises(ConfigError, match=r"teacher_context: KeyError\('solution'\)"):
+        load_config(TrainerServiceConfig, None, {"model": str(student), "teacher.address": "127.0.0.1:1",
+                                                 "teacher_context": "Use {solution}."})
+    with pytest.raises(ConfigError, match="teacher_context: a context is for a teacher"):
+        load_config(TrainerServiceConfig, None, {"model": str(student), "teacher_context": "It is {answer}."})
