@@ -154,6 +154,7 @@ BENCHES = {
     "connections": ("bench.connections", "each service under 1,024 descriptors against 2,000 quiet connections"),
     "episodes": ("bench.episodes", "multi-turn episodes vs the same tokens single-turn: the cost of turns"),
     "learning": ("bench.learning", "the demo vs TRL's GRPOTrainer: pass@1 gained per sample and minute"),
+    "distill": ("bench.distill", "the distill demo vs TRL's DistillationTrainer: pass@1 gained per sample and minute"),
     "environment": ("bench.environment", "environment service: open and step latency, steps/s of episodes at once"),
     "tinker": ("bench.tinker", "the tinker-cookbook's RL loop against the Tinker front vs up: pass@1 gained a minute"),
     "refusals": ("bench.refusals", "seconds for up and serve to refuse bad input at load 4, vs python's start"),

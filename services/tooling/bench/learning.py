@@ -60,7 +60,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,13 +126,14 @@ class LoadWatch:
 
 
 class Setup:
-    """The demo's run as both systems see it: its config (with the bench's overrides), assets, service configs
-    and run spec."""
+    """The demo's run (or another shipped run, `config_file`) as both systems see it: its config (with the bench's
+    overrides), assets, service configs and run spec."""
 
-    def __init__(self, overrides: dict[str, Any], cache: Path, scratch: Path):
+    def __init__(self, overrides: dict[str, Any], cache: Path, scratch: Path, config_file: Path = DEMO_CONFIG):
         self.overrides = overrides
         self.scratch = scratch
-        self.config = load_config(UpConfig, DEMO_CONFIG, {**overrides, "run_dir": str(scratch / "setup")})
+        self.config_file = config_file
+        self.config = load_config(UpConfig, config_file, {**overrides, "run_dir": str(scratch / "setup")})
         self.assets = prepare_assets(self.config, cache)
         if self.assets.eval is None:
             raise ValueError("the demo config names no held-out set: nothing to evaluate the systems on")
@@ -144,8 +147,10 @@ class Setup:
                                             **self.config.prompts_reading("split", "columns", "skip_bad_rows")),
                                    field="buffer.prompts", default_split="train"))
         epochs = self.config.buffer.get("prompts", {}).get("epochs", 1)
+        # Read for its settings, never started: a run that starts a teacher gives the address only at launch.
+        teacher = {"teacher": {"address": "127.0.0.1:1"}} if self.config.runs_teacher else {}
         trainer = merge({"model": self.assets.model, "run_dir": scratch / "setup" / "trainer",
-                         "algorithm": {"preset": self.spec.algorithm}}, self.config.trainer)
+                         "algorithm": {"preset": self.spec.algorithm}, **teacher}, self.config.trainer)
         self.trainer = validated(TrainerServiceConfig, with_schedule_length(trainer, lambda: len(self.rows), epochs),
                                  "trainer section")
         self.demo_steps = len(self.rows) * epochs // self.trainer.batch.groups_per_step
@@ -161,13 +166,13 @@ class Setup:
 
 def run_zerobubble(setup: Setup, seed: int, steps: int) -> dict[str, Any]:
     run_dir = setup.scratch / f"zerobubble-seed{seed}"
-    config = load_config(UpConfig, DEMO_CONFIG, {
+    config = load_config(UpConfig, setup.config_file, {
         **setup.overrides, "run_dir": str(run_dir), "trainer.seed": seed, "buffer.prompts.seed": seed,
         # TRL's cosine spans its max_steps: the demo's spans the same steps (a constant schedule reads neither).
         "trainer.max_steps": steps, "trainer.strategy.optim.total_steps": steps,
     })
     # No held-out set: no periodic evaluation takes the worker's engine during the measured run.
-    assets = RunAssets(model=setup.assets.model, train=setup.assets.train, eval=None)
+    assets = RunAssets(model=setup.assets.model, train=setup.assets.train, eval=None, teacher=setup.assets.teacher)
     run = Run(config, tether=Tether.hold(run_dir))
     with LoadWatch() as load:
         started = time.monotonic()
@@ -196,7 +201,8 @@ class _NoProgress:
         pass
 
 
-def trl_settings(setup: Setup, seed: int, steps: int, reward_url: str) -> TRLSettings:
+def rendered_prompts(setup: Setup) -> tuple[list[str], list[list[int]], str]:
+    """The demo's prompts as the project's prompt builder renders them (text and ids), and their one verifier."""
     from transformers import AutoTokenizer
 
     from zerobubble.rollout.prompting import RoutedPrompts
@@ -208,6 +214,11 @@ def trl_settings(setup: Setup, seed: int, steps: int, reward_url: str) -> TRLSet
     if len(verifiers) != 1:
         raise ValueError(f"the demo's prompts use the verifiers {sorted(verifiers)}; TRL's side takes one")
     ids = [prompts.build(message) for message in messages]
+    return [tokenizer.decode(prompt_ids) for prompt_ids in ids], ids, verifiers.pop()
+
+
+def trl_settings(setup: Setup, seed: int, steps: int, reward_url: str) -> TRLSettings:
+    texts, ids, verifier = rendered_prompts(setup)
     optim, algorithm = setup.trainer.training_strategy().optim, setup.trainer.algorithm
     loss = (algorithm.advantage_estimator, algorithm.aggregation)
     if loss not in TRL_LOSSES:
@@ -216,8 +227,8 @@ def trl_settings(setup: Setup, seed: int, steps: int, reward_url: str) -> TRLSet
     scale_rewards, loss_type = TRL_LOSSES[loss]
     return TRLSettings(
         model=setup.assets.model, output_dir=setup.scratch / f"trl-seed{seed}",
-        prompts=[tokenizer.decode(prompt_ids) for prompt_ids in ids], prompt_ids=ids,
-        answers=[row.gt_answer for row in setup.rows], reward_url=reward_url, verifier=verifiers.pop(),
+        prompts=texts, prompt_ids=ids,
+        answers=[row.gt_answer for row in setup.rows], reward_url=reward_url, verifier=verifier,
         steps=steps, seed=seed, num_generations=setup.spec.num_generations, batch_samples=setup.batch_samples,
         learning_rate=optim.lr, **trl_schedule(optim), weight_decay=optim.weight_decay, adam_betas=optim.betas,
         adam_epsilon=optim.eps,
@@ -228,15 +239,27 @@ def trl_settings(setup: Setup, seed: int, steps: int, reward_url: str) -> TRLSet
     )
 
 
-def run_trl(setup: Setup, seed: int, steps: int, python: Path, reward_url: str) -> dict[str, Any]:
-    settings = trl_settings(setup, seed, steps, reward_url)
+@dataclass(frozen=True)
+class TRLSide:
+    """What TRL runs against the project's run: its settings from the setup, and the script that takes them (run
+    as a module in the TRL environment)."""
+
+    settings: Callable[[Setup, int, int, str], Any]
+    module: str
+
+
+TRL_GRPO = TRLSide(trl_settings, "zerobubble.tooling.bench.learning_trl")
+
+
+def run_trl(setup: Setup, side: TRLSide, seed: int, steps: int, python: Path, reward_url: str) -> dict[str, Any]:
+    settings = side.settings(setup, seed, steps, reward_url)
     settings.output_dir.mkdir(parents=True, exist_ok=True)
     path = settings.output_dir / "settings.json"
     path.write_text(settings.model_dump_json())
     log_path = settings.output_dir / "trl.log"
     with LoadWatch() as load, open(log_path, "w", encoding="utf-8") as log:
         started = time.monotonic()
-        command = [str(python), "-m", "zerobubble.tooling.bench.learning_trl", str(path)]
+        command = [str(python), "-m", side.module, str(path)]
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
         wall = time.monotonic() - started
     lines = done.stdout.strip().splitlines()
@@ -260,7 +283,9 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def bench_learning(*, seeds: list[int], steps: int | None = None, systems: tuple[str, ...] = SYSTEMS,
                    warm_start_steps: int | None = None, trl_venv: Path = Path(".venv-trl"),
-                   cache: Path = Path("runs/.assets"), workdir: Path | None = None) -> dict[str, Any]:
+                   cache: Path = Path("runs/.assets"), workdir: Path | None = None, config_file: Path = DEMO_CONFIG,
+                   trl: TRLSide = TRL_GRPO, benchmark: str = "learning",
+                   config_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     from zerobubble.tooling.launcher.final_eval import evaluate_weights
 
     overrides: dict[str, Any] = {
@@ -270,7 +295,8 @@ def bench_learning(*, seeds: list[int], steps: int | None = None, systems: tuple
     }
     if warm_start_steps is not None:
         overrides["tiny_model.warm_start_steps"] = warm_start_steps
-    figures: dict[str, Any] = {"benchmark": "learning", "seeds": seeds, "systems": list(systems), "skipped": {}}
+    overrides.update(config_overrides or {})
+    figures: dict[str, Any] = {"benchmark": benchmark, "seeds": seeds, "systems": list(systems), "skipped": {}}
     python = trl_venv / "bin" / "python"
     if "trl" in systems and not python.exists():
         figures["skipped"]["trl"] = f"no TRL environment at {trl_venv} (make trl-env builds it, deploy/trl/)"
@@ -278,11 +304,11 @@ def bench_learning(*, seeds: list[int], steps: int | None = None, systems: tuple
     os.environ.setdefault(TOKEN_ENV, secrets.token_urlsafe(32))
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
-    scratch_dir = tempfile.TemporaryDirectory(prefix="zerobubble-bench-learning-") if workdir is None \
+    scratch_dir = tempfile.TemporaryDirectory(prefix=f"zerobubble-bench-{benchmark}-") if workdir is None \
         else nullcontext(workdir)
     with scratch_dir as scratch_name:
         scratch = Path(scratch_name)
-        setup = Setup(overrides, cache, scratch)
+        setup = Setup(overrides, cache, scratch, config_file)
         steps = steps or setup.demo_steps
         figures.update({
             "model": str(setup.config.model or f"tiny-{setup.config.tiny_model.size}"),
@@ -320,7 +346,7 @@ def bench_learning(*, seeds: list[int], steps: int | None = None, systems: tuple
                     if system == "zerobubble":
                         run = run_zerobubble(setup, seed, steps)
                     else:
-                        run = run_trl(setup, seed, steps, python, f"http://127.0.0.1:{http_port}")
+                        run = run_trl(setup, trl, seed, steps, python, f"http://127.0.0.1:{http_port}")
                     after = evaluate(run.pop("weights"), run["version"], f"{system}-seed{seed}")
                     gain = after["pass@1"] - before["pass@1"]
                     runs[system].append({
@@ -353,18 +379,28 @@ def system_list(text: str) -> tuple[str, ...]:
     return systems
 
 
-def register_bench(benches) -> None:
-    parser = benches.add_parser("learning", help="the demo vs TRL's GRPOTrainer on the same settings: held-out "
-                                "pass@1 gained per sample and per minute over seeds")
+def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a bench that runs the project beside TRL over seeds."""
     parser.add_argument("--seeds", type=seed_list, default=[0, 1], help="comma-separated seeds, each run by "
                         "every system back to back (default 0,1)")
-    parser.add_argument("--steps", type=int, help="training steps of every run (default: the demo's)")
+    parser.add_argument("--steps", type=int, help="training steps of every run (default: the shipped run's)")
     parser.add_argument("--systems", type=system_list, default=SYSTEMS,
                         help="comma-separated: zerobubble, trl (default both)")
-    parser.add_argument("--warm-start-steps", type=int, help="supervised steps of the tiny model (default: the demo's)")
+    parser.add_argument("--warm-start-steps", type=int, help="supervised steps of the tiny model (default: the "
+                        "shipped run's)")
     parser.add_argument("--trl-venv", type=Path, default=Path(".venv-trl"),
                         help="the TRL environment (make trl-env); without it the TRL side is skipped")
     add_run_folders(parser)
-    parser.set_defaults(measure=lambda args: bench_learning(
-        seeds=args.seeds, steps=args.steps, systems=args.systems, warm_start_steps=args.warm_start_steps,
-        trl_venv=args.trl_venv, cache=args.cache, workdir=args.workdir))
+
+
+def comparison_options(args) -> dict[str, Any]:
+    return {"seeds": args.seeds, "steps": args.steps, "systems": args.systems,
+            "warm_start_steps": args.warm_start_steps, "trl_venv": args.trl_venv, "cache": args.cache,
+            "workdir": args.workdir}
+
+
+def register_bench(benches) -> None:
+    parser = benches.add_parser("learning", help="the demo vs TRL's GRPOTrainer on the same settings: held-out "
+                                "pass@1 gained per sample and per minute over seeds")
+    add_comparison_arguments(parser)
+    parser.set_defaults(measure=lambda args: bench_learning(**comparison_options(args)))
