@@ -90,6 +90,11 @@ def cuda_time(fn: Callable[[], Any], *, repeats: int, warmup: int = 2) -> list[f
     return times
 
 
+def significant(value: float) -> float:
+    """`value` to three significant digits: a CPU's TFLOP/s (thousandths, less under load) must not round to 0."""
+    return float(f"{value:.3g}")
+
+
 def gpu_limits(device: torch.device) -> dict[str, float]:
     """The two ceilings, measured: a large bf16 matrix product (FLOP/s) and a large device-to-device copy
     (bytes read plus written per second), on fresh random data."""
@@ -99,7 +104,7 @@ def gpu_limits(device: torch.device) -> dict[str, float]:
     source = torch.randn(256 * 2**20, device=device)  # 1 GiB of float32
     target = torch.empty_like(source)
     copy = statistics.median(cuda_time(lambda: target.copy_(source), repeats=10))
-    return {"bf16_matmul_tflops": round(2 * n**3 / matmul / 1e12, 3),
+    return {"bf16_matmul_tflops": significant(2 * n**3 / matmul / 1e12),
             "copy_gb_per_s": round(2 * source.numel() * 4 / copy / 1e9, 1)}
 
 
@@ -154,7 +159,7 @@ def bench_gpu_train(*, shape: str = "0.5b", groups: int = 8, group_size: int = 8
         "logprob_chunk_tokens": logprob_chunk_tokens, "packing": packing, "step_seconds": round(step, 4),
         "step_seconds_spread": [round(min(times), 4), round(max(times), 4)],
         "tokens_per_s": round(tokens / step), "peak_memory_gib": round(peak / 2**30, 2),
-        "model_tflops": round(flops / step / 1e12, 3),
+        "model_tflops": significant(flops / step / 1e12),
     })
     figures["fraction_of_bf16_peak"] = round(figures["model_tflops"] / figures["bf16_matmul_tflops"], 3)
     return figures
