@@ -26,6 +26,7 @@ import grpc
 
 from zerobubble.common.http_guard import GuardedRequestHandler, RequestGuard
 from zerobubble.rollout.config import OpenAIEndpointConfig
+from zerobubble.rollout.continuous import BatcherClosed
 from zerobubble.rollout.engine import SamplingError, SamplingSettings
 from zerobubble.rollout.openai_groups import Group, GroupPusher, row_of
 
@@ -231,7 +232,10 @@ class OpenAIEndpoint:
                                                  "(max_calls_per_session)")
             session.running += 1
         try:
-            sample, versions = self.worker.complete(prompt_ids, sampling, key=session_id)
+            try:
+                sample, versions = self.worker.complete(prompt_ids, sampling, key=session_id)
+            except BatcherClosed:
+                raise Refused(503, "session_id", "the service is stopping: the engine takes no more calls") from None
             completion = [int(token) for token in sample.token_ids]
             logprobs = [float(value) for value in sample.logprobs]
             support = [] if sample.support is None else [int(kept) for kept in sample.support]

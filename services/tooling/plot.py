@@ -204,8 +204,12 @@ def _place_in_minutes(run_dir: Path, steps: list[dict], metrics_path: Path) -> f
     if began is None or took is None:
         raise RunDataError(f"{metrics_path}: the first step has no time and step_seconds to place it in minutes")
     summary = run_dir / SUMMARY_FILE
-    preparation = _number(json.loads(summary.read_text()).get("teacher_preparation_seconds")) \
-        if summary.is_file() else None
+    preparation = None
+    if summary.is_file():
+        try:
+            preparation = _number(json.loads(summary.read_text()).get("teacher_preparation_seconds"))
+        except (json.JSONDecodeError, AttributeError):
+            raise RunDataError(f"{summary} is not the JSON object `zerobubble up` writes") from None
     start = (preparation or 0.0) / 60
     for row in steps:
         at = _number(row.get("time"))

@@ -244,3 +244,21 @@ def test_a_session_never_closed_is_dropped_after_its_idle_time():
         assert status == 404 and gone["error"]["param"] == "session_id"
     finally:
         endpoint.stop()
+
+
+def test_a_call_while_the_engine_closes_is_answered_503_and_the_session_stays_open(endpoint, endpoint_host,
+                                                                                  monkeypatch):
+    from zerobubble.rollout.continuous import BatcherClosed
+
+    def closed(*_args, **_kwargs):
+        raise BatcherClosed("the engine is closed")
+
+    status, opened = post(f"{endpoint}/v1/sessions", {})
+    monkeypatch.setattr(endpoint_host.worker, "complete", closed)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_NEW_TOKENS}
+    status, refused = post(f"{endpoint}{opened['base_url']}/chat/completions", body)
+    assert status == 503 and refused["error"]["param"] == "session_id", refused
+    monkeypatch.undo()
+    # The refused call took no slot: the session calls again and closes.
+    assert post(f"{endpoint}{opened['base_url']}/chat/completions", body)[0] == 200
+    assert post(f"{endpoint}/v1/sessions/{opened['session_id']}/close", {"reward": 0})[0] == 200

@@ -193,3 +193,10 @@ def test_in_minutes_a_run_without_step_times_is_refused_naming_the_file(tmp_path
     write_run(tmp_path)
     with pytest.raises(RunDataError, match=r"metrics\.jsonl: the first step has no time"):
         plot_run(tmp_path, minutes=True)
+
+
+def test_in_minutes_a_summary_that_is_not_up_s_json_is_refused_naming_it(tmp_path):
+    timed_run(tmp_path, step_seconds=30)
+    (tmp_path / "summary.json").write_text("[1, 2")
+    with pytest.raises(RunDataError, match=r"summary\.json is not the JSON object"):
+        plot_run(tmp_path, minutes=True)
