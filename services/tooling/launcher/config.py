@@ -8,6 +8,7 @@ is checked against it on load. A key that states a run fact anywhere else is ref
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ from zerobubble.tooling.tiny.shapes import SIZES
 # Keys that once stated a run fact outside `run`, and the key that is its home now. The services' own configs keep
 # their optional expectations of the spec (checked against the buffer's when they start on separate hosts); in a
 # run of `up` the spec is written once and handed to every service.
+# A routed data source names its teacher's process, config and log files.
+TEACHER_SOURCE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
 MOVED_KEYS = {
     "pipeline.num_generations": "run.num_generations",
     "pipeline.max_new_tokens": "run.max_new_tokens",
@@ -134,6 +138,11 @@ class UpConfig(Schema):
                                     "service is started (and restarted like the others) only when this section "
                                     "gives model.path, and the trainer scores its steps with it (on-policy "
                                     "distillation: run.algorithm DISTILL, or trainer.algorithm.distillation_coef)")
+    teachers_by_data_source: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="data_source -> fields of a teacher service config (model.path at least) "
+        "for that source's samples: the run starts one more teacher service for each (teacher-SOURCE) and the trainer "
+        "scores that source's samples with it (trainer.teachers_by_data_source); every other source's samples go to "
+        "the run's teacher")
 
     @model_validator(mode="before")
     @classmethod
@@ -152,6 +161,17 @@ class UpConfig(Schema):
                 schema.model_validate(merge(required, getattr(self, name)))
             except ValidationError as exc:
                 problems += describe_errors(exc, schema, prefix=f"{name}.")
+        from zerobubble.teacher.config import TeacherServiceConfig
+
+        for source, section in self.teachers_by_data_source.items():
+            if not TEACHER_SOURCE.fullmatch(source):
+                problems.append(f"teachers_by_data_source.{source}: a data source routed to a teacher of its own names "
+                                "its service (teacher-SOURCE): letters, digits, '.', '_' and '-' only")
+                continue
+            try:
+                TeacherServiceConfig.model_validate(section)
+            except ValidationError as exc:
+                problems += describe_errors(exc, TeacherServiceConfig, prefix=f"teachers_by_data_source.{source}.")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -170,11 +190,17 @@ class UpConfig(Schema):
         from zerobubble.trainer.algorithms.presets import AlgorithmConfig  # torch-free
 
         algorithm = AlgorithmConfig.model_validate({"preset": self.run.algorithm, **self.trainer.get("algorithm", {})})
+        if self.teachers_by_data_source and not self.runs_teacher and "teacher" not in self.trainer:
+            raise ValueError("teachers_by_data_source: the samples of every other data source need the run's teacher "
+                             "too: set teacher.model.path, tiny_teacher, or trainer.teacher.address")
         if algorithm.distillation_coef and not self.runs_teacher and "teacher" not in self.trainer:
             raise ValueError(f"run.algorithm {self.run.algorithm} with distillation_coef "
                              f"{algorithm.distillation_coef:g} distils from a teacher: set teacher.model.path (a "
                              "model folder whose tokenizer is the student's), tiny_teacher (one made here), or "
                              "trainer.teacher.address for a teacher already serving")
+        if self.teachers_by_data_source and not algorithm.distillation_coef:
+            raise ValueError("teachers_by_data_source: teachers score only a run that distils: set run.algorithm "
+                             "DISTILL or trainer.algorithm.distillation_coef")
         return self
 
     @property

@@ -20,7 +20,9 @@ class DryRun(Run):
 
     def start(self, name: str, service: str, schema, tree: dict, **_how_it_runs) -> ServiceProcess:
         validated(schema, tree, f"{service} section")
-        self.trees = {**getattr(self, "trees", {}), service: tree}
+        # By process name (teacher-SOURCE beside teacher); the rollout workers' trees differ only in their ids.
+        key = service if service == "rollout" else name
+        self.trees = {**getattr(self, "trees", {}), key: tree}
         process = ServiceProcess(name, service, Path(), Path())
         process.address = NOWHERE
         return process

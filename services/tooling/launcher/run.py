@@ -94,6 +94,9 @@ class Run:
             made = {"model": {"path": assets.teacher}} if assets.teacher is not None else {}
             teacher = self.start("teacher", "teacher", TeacherServiceConfig,
                                  merge(merge({"server": SERVER}, made), config.teacher))
+        routed = {source: self.start(f"teacher-{source}", "teacher", TeacherServiceConfig,
+                                     merge({"server": SERVER}, section))
+                  for source, section in config.teachers_by_data_source.items()}
         spec = build_run_spec(config, assets.model)
         buffer_config = validated(BufferServiceConfig, merge({"prompts": {"path": assets.train}}, config.buffer),
                                   "buffer section")
@@ -104,6 +107,8 @@ class Run:
             "tracking": {"eval_summary": self.run_dir / "eval" / "summary.jsonl"},
             "algorithm": {"preset": spec.algorithm},
             **({"teacher": {"address": teacher.address, **TOKEN}} if teacher is not None else {}),
+            **({"teachers_by_data_source": {source: {"address": process.address, **TOKEN}
+                                            for source, process in routed.items()}} if routed else {}),
         }, config.trainer)
         trainer_tree = with_schedule_length(trainer_tree, lambda: self.train_rows(assets),
                                             buffer_config.prompts.epochs)

@@ -50,3 +50,37 @@ def test_a_tiny_teacher_is_made_beside_the_student_and_served_as_the_runs_teache
     # A teacher of the user's own wins over the tiny one.
     own = UpConfig.model_validate({**settings, "teacher": {"model": {"path": str(tmp_path / "own")}}})
     assert prepare_assets(own, tmp_path / "cache").teacher is None
+
+
+def test_each_routed_data_source_gets_a_teacher_service_of_its_own_and_the_trainer_its_address(tmp_path):
+    config = UpConfig.model_validate({
+        "run_dir": tmp_path / "run", "run": {"algorithm": "DISTILL"},
+        "teacher": {"model": {"path": str(tmp_path / "generalist")}},
+        "teachers_by_data_source": {"gsm8k": {"model": {"path": str(tmp_path / "math")}},
+                                    "apps": {"model": {"path": str(tmp_path / "code")},
+                                             "limits": {"max_sequences": 4}}}})
+    trees = check_services(config)
+    assert str(trees["teacher"]["model"]["path"]).endswith("generalist")
+    assert str(trees["teacher-gsm8k"]["model"]["path"]).endswith("math")
+    assert trees["teacher-apps"]["limits"] == {"max_sequences": 4}
+    routes = trees["trainer"]["teachers_by_data_source"]
+    assert sorted(routes) == ["apps", "gsm8k"]
+    assert all(route["address"] == NOWHERE and route["auth_token_env"] == trees["teacher-apps"]["server"]
+               ["auth_token_env"] for route in routes.values())
+
+
+@pytest.mark.parametrize(("settings", "refusal"), [
+    ({"run": {"algorithm": "DISTILL"}, "teachers_by_data_source": {"gsm8k": {"model": {"path": "/m"}}}},
+     "teachers_by_data_source: the samples of every other data source need the run's teacher too"),
+    ({"teacher": {"model": {"path": "/t"}}, "teachers_by_data_source": {"gsm8k": {"model": {"path": "/m"}}}},
+     "teachers_by_data_source: teachers score only a run that distils"),
+    ({"run": {"algorithm": "DISTILL"}, "teacher": {"model": {"path": "/t"}},
+      "teachers_by_data_source": {"gsm8k": {"limits": {"max_sequences": 4}}}},
+     r"teachers_by_data_source\.gsm8k\.model"),
+    ({"run": {"algorithm": "DISTILL"}, "teacher": {"model": {"path": "/t"}},
+      "teachers_by_data_source": {"a/b": {"model": {"path": "/m"}}}},
+     r"teachers_by_data_source\.a/b: .* letters, digits"),
+])
+def test_a_routed_teacher_that_cannot_run_is_refused_naming_the_field(settings, refusal):
+    with pytest.raises(ValueError, match=refusal):
+        UpConfig.model_validate(settings)
