@@ -1,5 +1,6 @@
 """`docker compose up` of deploy/ on CPU, for real: the image builds here, the stack (reward, buffer, trainer, two
-rollout workers, Prometheus) trains the tiny model to the end of its data, a restarted rollout worker and a restarted
+rollout workers, Prometheus, and the teacher of compose.distill.yml) trains the tiny model to the end of its data,
+distilling from the teacher container beside the verifier's reward, a restarted rollout worker and a restarted
 buffer lose no group, Prometheus scraped every service, the code verifier scores programs inside the reward
 container (not privileged: two capabilities, its seccomp profile, a memory cgroup of its own), and `down` leaves
 nothing behind.
@@ -11,6 +12,7 @@ skips it. Every container sits on a network compose makes `internal`: nothing re
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -23,8 +25,8 @@ from compose_stack import DEPLOY, IMAGE, PROMETHEUS_IMAGE, Stack, sandbox_cgroup
 PROMPTS, GENERATIONS = 128, 4
 GROUPS_PER_STEP = yaml.safe_load((DEPLOY / "compose" / "cpu" / "trainer.yaml").read_text())["batch"]["groups_per_step"]
 MOST_STEPS = PROMPTS // GROUPS_PER_STEP  # fewer where groups are dropped as stale
-SERVICES = ("reward", "environment", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus")
-SCRAPED = {"reward": 1, "environment": 1, "buffer": 1, "rollout": 2, "trainer": 1}
+SERVICES = ("reward", "environment", "teacher", "buffer", "trainer", "rollout-1", "rollout-2", "prometheus")
+SCRAPED = {"reward": 1, "environment": 1, "teacher": 1, "buffer": 1, "rollout": 2, "trainer": 1}
 
 BUFFER_STATS = ("import json; from zerobubble.buffer.config import BufferServiceConfig; "
                 "from zerobubble.buffer.core import Buffer; from zerobubble.common.config import load_config; "
@@ -70,8 +72,9 @@ def stack(images, tmp_path_factory):
     name = f"zbtest{uuid.uuid4().hex[:8]}"
     with sandbox_cgroups(name) as cgroups:
         env = {**os.environ, "ZB_IMAGE": IMAGE, "ZB_PROMETHEUS_IMAGE": PROMETHEUS_IMAGE, "ZB_PROMPTS": str(PROMPTS),
-               **cgroups}
-        project = Stack(name, [DEPLOY / "docker-compose.yml", DEPLOY / "compose.cpu.yml", override], env)
+               "COMPOSE_PROFILES": "distill", **cgroups}
+        project = Stack(name, [DEPLOY / "docker-compose.yml", DEPLOY / "compose.cpu.yml",
+                               DEPLOY / "compose.distill.yml", override], env)
         try:
             yield project
         finally:
@@ -133,6 +136,10 @@ def test_the_stack_trains_to_the_end_through_restarts_and_leaves_nothing(stack):
     stack("stop", "-t", "20", "rollout-1", "rollout-2", "buffer", timeout=180)
     by_step = {row["step"]: row for row in stack.metrics_rows()}
     assert sorted(by_step) == list(range(1, len(by_step) + 1))
+    # Every step scored by the teacher container: its own starting weights at step 1 (no gap), then a gap as the
+    # student moves away from them.
+    gaps = [by_step[step]["teacher_reverse_kl"] for step in sorted(by_step)]
+    assert all(math.isfinite(gap) for gap in gaps) and abs(gaps[0]) < 1e-3 and max(map(abs, gaps)) > 1e-3, gaps
     assert stack.read_run_file("/runs/trainer/checkpoints/latest").strip()
     stats = json.loads(stack("run", "--rm", "--no-deps", "--entrypoint", "python", "buffer", "-c", BUFFER_STATS,
                              timeout=180).stdout.strip().splitlines()[-1])
