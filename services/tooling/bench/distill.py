@@ -1,4 +1,4 @@
-"""`zerobubble bench distill`: the distillation demo (`zerobubble up --config distill-demo`: the demo's student, a
+"""`zerobubble bench distill`: the distillation demo (`zerobubble up --config distill-demo`: its student, a
 teacher made here, Dr.GRPO with the distillation term) beside TRL's DistillationTrainer on the same student, teacher
 and prompts, for several seeds back to back, each system's final weights scored by one evaluator. The machinery,
 figures and evaluator are `zerobubble bench learning`'s (bench/learning.py); what differs is TRL's side:
