@@ -19,12 +19,12 @@ from zerobubble.common.config import ConfigError, Schema, describe_errors, key_t
 from zerobubble.common.run_spec import RunSpec
 from zerobubble.tooling.tiny.shapes import SIZES
 
-# Keys that once stated a run fact outside `run`, and the key that is its home now. The services' own configs keep
-# their optional expectations of the spec (checked against the buffer's when they start on separate hosts); in a
-# run of `up` the spec is written once and handed to every service.
 # A routed data source names its teacher's process, config and log files.
 TEACHER_SOURCE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
+# Keys that once stated a run fact outside `run`, and the key that is its home now. The services' own configs keep
+# their optional expectations of the spec (checked against the buffer's when they start on separate hosts); in a
+# run of `up` the spec is written once and handed to every service.
 MOVED_KEYS = {
     "pipeline.num_generations": "run.num_generations",
     "pipeline.max_new_tokens": "run.max_new_tokens",

@@ -26,6 +26,8 @@ def preflight(config: UpConfig, *, environments: bool = False) -> list[Setting]:
     run derives (the schedule's length, the model's identity)."""
     if config.model is not None:
         check_model(config.model)
+    for field, path in teacher_models(config):
+        check_model(path, field)
     check_verifiers(config)
     check_run_data(config)
     trees = check_services(config)
@@ -49,6 +51,14 @@ def check_service(service: str, config) -> None:
             check_model(path, field)
     if service == "buffer":
         inspect(config.prompts, field="prompts", default_split="train")
+
+
+def teacher_models(config: UpConfig) -> list[tuple[str, Path]]:
+    """The model folders the run's teacher services are given (not the one a run makes, tiny_teacher), by field."""
+    sections = [("teacher", config.teacher), *((f"teachers_by_data_source.{source}", section)
+                                               for source, section in config.teachers_by_data_source.items())]
+    return [(f"{name}.model.path", Path(section["model"]["path"])) for name, section in sections
+            if (section.get("model") or {}).get("path")]
 
 
 def check_verifiers(config: UpConfig) -> None:

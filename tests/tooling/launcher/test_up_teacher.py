@@ -84,3 +84,19 @@ def test_each_routed_data_source_gets_a_teacher_service_of_its_own_and_the_train
 def test_a_routed_teacher_that_cannot_run_is_refused_naming_the_field(settings, refusal):
     with pytest.raises(ValueError, match=refusal):
         UpConfig.model_validate(settings)
+
+
+def test_a_teacher_model_that_is_not_there_is_refused_before_anything_is_made(tmp_path):
+    from zerobubble.common.config import ConfigError
+    from zerobubble.tooling.launcher.preflight import preflight
+
+    def config(**sections):
+        return UpConfig.model_validate({"run_dir": tmp_path / "run", "run": {"algorithm": "DISTILL"}, **sections})
+
+    with pytest.raises(ConfigError, match=r"^teacher.model.path: no such folder"):
+        preflight(config(teacher={"model": {"path": str(tmp_path / "absent")}}))
+    (tmp_path / "made").mkdir()
+    (tmp_path / "made" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"^teachers_by_data_source.gsm8k.model.path: no such folder"):
+        preflight(config(teacher={"model": {"path": str(tmp_path / "made")}},
+                         teachers_by_data_source={"gsm8k": {"model": {"path": str(tmp_path / "absent")}}}))
