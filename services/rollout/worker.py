@@ -179,7 +179,7 @@ class RolloutWorker:
         while not self.running.wait(0.2):
             pass
         if self.receiver is not None:
-            with self.engine_lock:
+            with self.weight_updates.loading(), self.engine_lock:
                 if self.receiver.apply_to(self.engine):
                     self._loaded()
         if self.evaluator is not None and self.evaluator.due(self.engine.policy_version):
@@ -311,9 +311,11 @@ class RolloutWorker:
         continuous batcher where it has one: concurrent calls share its decode steps instead of queueing for the
         engine lock, and a call under the `key` of an earlier one reuses that call's cache for the prefix they
         share (an agent's next turn). Weights loaded meanwhile reach the tokens after the load, each token
-        carrying its version. Otherwise one generate call under the engine lock, on one version."""
+        carrying its version, only where the run takes weights in flight (otherwise a load waits for the call).
+        Otherwise one generate call under the engine lock, on one version."""
         if hasattr(self.engine, "continuous"):
-            sample = self.engine.continuous().submit(prompt_ids, sampling, key=key).result()
+            with self.weight_updates.call():
+                sample = self.engine.continuous().submit(prompt_ids, sampling, key=key).result()
             return sample, [int(v) for v in sample.versions]
         samples, version = self.generate([prompt_ids], sampling)
         return samples[0][0], [version] * len(samples[0][0].token_ids)

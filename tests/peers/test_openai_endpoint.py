@@ -6,6 +6,7 @@ token ids the client received, the model's tokens unmasked and everything betwee
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -227,8 +228,6 @@ def test_the_token_sessions_and_their_limit_are_enforced(endpoint):
 
 
 def test_a_session_never_closed_is_dropped_after_its_idle_time():
-    import time
-
     from zerobubble.rollout.config import OpenAIEndpointConfig
     from zerobubble.rollout.openai_endpoint import OpenAIEndpoint
 
@@ -262,3 +261,65 @@ def test_a_call_while_the_engine_closes_is_answered_503_and_the_session_stays_op
     # The refused call took no slot: the session calls again and closes.
     assert post(f"{endpoint}{opened['base_url']}/chat/completions", body)[0] == 200
     assert post(f"{endpoint}/v1/sessions/{opened['session_id']}/close", {"reward": 0})[0] == 200
+
+
+class NewVersionOfTheSameWeights:
+    """A weight receiver that, once armed, loads the engine's own weights as the next version at the next apply
+    (whichever thread asks: the worker's own loop reaches its safe point too)."""
+
+    def __init__(self):
+        self.loaded_at: float | None = None
+        self.armed = False
+
+    def apply_to(self, engine) -> bool:
+        if not self.armed:
+            return False
+        self.armed = False
+        engine.load_weights(((name, tensor.clone()) for name, tensor in engine.model.state_dict().items()),
+                            version=engine.policy_version + 1)
+        self.loaded_at = time.monotonic()
+        return True
+
+
+def test_outside_in_flight_a_load_waits_for_the_call_under_way_whose_tokens_keep_one_version(endpoint_host,
+                                                                                             monkeypatch):
+    """The run takes weights between batches (the default): a safe point's load that comes while an endpoint call
+    decodes in the batcher waits for the call's end, so every token of the call is of one version."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from zerobubble.rollout.engine import SamplingSettings
+
+    worker, engine = endpoint_host.worker, endpoint_host.engine
+    receiver = NewVersionOfTheSameWeights()
+    monkeypatch.setattr(worker, "receiver", receiver)
+    prompt = engine.tokenizer.encode("Count to a hundred:", add_special_tokens=False)
+    tested = False
+    for seed in range(8):   # a seed whose answer outlasts the moment the load comes (the model may end it early)
+        start = engine.policy_version
+        ended = {}
+
+        def call(seed=seed, ended=ended):
+            sample = worker.complete(prompt, SamplingSettings(n=1, temperature=1.0, max_new_tokens=400, seed=seed),
+                                     key=f"one-version-{seed}")
+            ended["at"] = time.monotonic()
+            return sample
+
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(call)
+            while (batcher := engine.started_batcher) is None or not batcher.stats.decode_steps:
+                time.sleep(0.005)
+            steps = batcher.stats.decode_steps
+            while batcher.stats.decode_steps < steps + 20 and not future.done():
+                time.sleep(0.005)
+            load_asked = time.monotonic()
+            receiver.armed = True
+            worker.safe_point()
+            sample, versions = future.result()
+        worker.forget(f"one-version-{seed}")
+        assert engine.policy_version == start + 1, "the safe point took the new weights"
+        assert receiver.loaded_at >= ended["at"], "the load did not wait for the call"
+        assert set(versions) == {start}, versions
+        if load_asked < ended["at"]:
+            tested = True
+            break
+    assert tested, "every call ended before its load was asked for: nothing was tested"
