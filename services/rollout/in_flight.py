@@ -2,14 +2,14 @@
 
 - between_batches: at the worker's safe point, between generate calls. A batch started on version v ends on v.
 - between_turns: also between the turns of a multi-turn episode (the episode loop calls `at_turn`).
-- Calls of the OpenAI endpoint go through the continuous batcher, beside the worker's own batches: outside
-  in_flight a load waits for the calls under way, and calls that come while it waits wait for it, so each call's
-  tokens are of one version (OneVersionCalls).
 - in_flight: also between the decode steps of a generation. The engine's generating thread asks the receiver at
   every step boundary, and every load takes the lock each decode step holds, so one step never sees two versions;
   the tokens drawn after the swap carry the new version (Sample.versions). The transformers engine runs its own
   decode loop; the vLLM engine steps vLLM's engine itself, one `step()` (a forward of every running request and its
   draws) at a time.
+- Calls of the OpenAI endpoint go through the continuous batcher, beside the worker's own batches: outside
+  in_flight a load waits for the calls under way, and calls that come while it waits wait for it, so each call's
+  tokens are of one version (OneVersionCalls).
 """
 
 from __future__ import annotations
