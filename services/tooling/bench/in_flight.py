@@ -23,6 +23,11 @@ Modes run one after another on this machine, so the machine's load moves between
 mode's start and end is in its figures, and repeats alternate the order. `between_turns` equals
 `between_batches` on single-turn prompts (there is no turn inside a generation) and is measured as a control:
 its difference from between_batches is the noise.
+
+With --episodes the task is the tool demo's (`zerobubble up --config tool-demo`: sums of two-digit numbers, each
+prompt an episode in the calculator environment, its own warm start, limits and settings) instead of the filler's:
+every mode then plays multi-turn episodes, the environment service one more process of the run, and
+`between_turns` takes weights before each later turn.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ from zerobubble.common.config import load_config
 from zerobubble.tooling.bench import add_run_folders
 from zerobubble.tooling.bench.pipeline import first_prompts, run_mode
 from zerobubble.tooling.configs import DEMO as DEMO_CONFIG
+from zerobubble.tooling.configs import named
 from zerobubble.tooling.launcher.assets import RunAssets, prepare_assets
-from zerobubble.tooling.launcher.config import UpConfig
+from zerobubble.tooling.launcher.config import UpConfig, write_yaml
 
 MODES = ("between_batches", "between_turns", "in_flight")
 BASELINE = "between_batches"
@@ -46,17 +52,24 @@ BASELINE = "between_batches"
 # (measured: docs/guides/in-flight-updates.md, "Measured"). Without label smoothing: the demo's 0.1 leaves about a
 # tenth of the probability off the dot at every step, so at temperature 1 nearly every long filler breaks.
 WARM_START_STEPS = 400
+# The episodes' task: the tool demo as shipped.
+EPISODES_CONFIG = named(Path("tool-demo"))
 
 
 def starting_pass_at_1(config: UpConfig, model: Path, held_out: Path, scratch: Path) -> float:
     """The held-out pass@1 of the starting weights, sampled as the runs' final evaluations sample (through a reward
-    service of its own, started here)."""
+    service of its own, started here, and for episodes the run's environments, served here as `zerobubble eval`
+    serves them)."""
     from zerobubble.reward.local import reward_client
     from zerobubble.rollout.config import RolloutServiceConfig
+    from zerobubble.tooling.evaluate import run_environments
     from zerobubble.tooling.launcher.final_eval import evaluate_weights
 
     rollout = RolloutServiceConfig.model_validate({**config.rollout, "model": {"path": str(model)}})
-    with reward_client() as client:
+    write_yaml(scratch / "start" / "configs" / "environment.yaml", config.environment)
+    with run_environments(scratch / "start", config.run) as environment, reward_client() as client:
+        if environment is not None:
+            rollout = rollout.model_copy(update={"environment": environment})
         return evaluate_weights(model, 0, rollout, config.run, held_out, client,
                                 output_dir=scratch / "start-eval")["pass@1"]
 
@@ -102,19 +115,24 @@ def versus(mine: list[dict[str, Any]], base: list[dict[str, Any]]) -> dict[str, 
 def bench_in_flight(*, prompts: int = 64, epochs: int = 20, train_seconds: float = 240.0, max_new_tokens: int = 256,
                     filler: int | None = None, max_staleness: int = 2, workers: int = 1,
                     groups_per_step: int | None = None, prompts_per_batch: int | None = None,
-                    warm_start_steps: int = WARM_START_STEPS, label_smoothing: float = 0.0, eval_samples: int = 4,
-                    repeats: int = 1, engine: str = "transformers",
+                    warm_start_steps: int | None = None, label_smoothing: float = 0.0, eval_samples: int = 4,
+                    repeats: int = 1, engine: str = "transformers", episodes: bool = False,
                     modes: tuple[str, ...] = MODES, cache: Path = Path("runs/.assets"),
                     workdir: Path | None = None) -> dict[str, Any]:
     """Every mode in `modes` on the first `prompts` prompts of the demo's task, each trained for `train_seconds`
     (or to the end of `epochs` passes, if sooner), `repeats` times: repeat r seeds the trainer and the prompts'
     order with r and runs the modes in reverse order when r is odd, so that neither a seed nor the machine's
-    drift favours one mode. The figures as a JSON-able dict."""
+    drift favours one mode. With `episodes`, the tool demo's task, response limits and warm start (unless
+    `warm_start_steps` is given) instead of the filler's. The figures as a JSON-able dict."""
+    config_file = EPISODES_CONFIG if episodes else DEMO_CONFIG
     filler = max_new_tokens - 24 if filler is None else filler
+    task: dict[str, Any] = {} if episodes else {
+        "run.max_new_tokens": max_new_tokens, "tiny_model.response_filler": filler,
+        "tiny_model.warm_start_steps": WARM_START_STEPS, "tiny_model.warm_start_label_smoothing": label_smoothing}
+    if warm_start_steps is not None:
+        task["tiny_model.warm_start_steps"] = warm_start_steps
     overrides: dict[str, Any] = {
-        "final_eval": False, "run.max_new_tokens": max_new_tokens, "run.max_staleness": max_staleness,
-        "buffer.prompts.epochs": epochs, "tiny_model.response_filler": filler,
-        "tiny_model.warm_start_steps": warm_start_steps, "tiny_model.warm_start_label_smoothing": label_smoothing,
+        "final_eval": False, "run.max_staleness": max_staleness, "buffer.prompts.epochs": epochs, **task,
         "pipeline.rollout_workers": workers, "rollout.eval.samples_per_prompt": eval_samples,
         "rollout.model.engine": engine,
         # The same rate whatever steps a mode reaches in its time: a decay derived from the data's length would
@@ -126,10 +144,9 @@ def bench_in_flight(*, prompts: int = 64, epochs: int = 20, train_seconds: float
         overrides["trainer.batch.groups_per_step"] = groups_per_step
     if prompts_per_batch is not None:
         overrides["rollout.generation.prompts_per_batch"] = prompts_per_batch
-    figures: dict[str, Any] = {"benchmark": "in-flight", "prompts": prompts, "epochs": epochs,
-                               "train_seconds": train_seconds, "max_new_tokens": max_new_tokens,
-                               "response_filler": filler, "max_staleness": max_staleness, "rollout_workers": workers,
-                               "engine": engine}
+    figures: dict[str, Any] = {"benchmark": "in-flight", "task": "tool-demo episodes" if episodes else "filler",
+                               "prompts": prompts, "epochs": epochs, "train_seconds": train_seconds,
+                               "max_staleness": max_staleness, "rollout_workers": workers, "engine": engine}
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
     runs = (tempfile.TemporaryDirectory(prefix="zerobubble-bench-in-flight-") if workdir is None
@@ -137,7 +154,9 @@ def bench_in_flight(*, prompts: int = 64, epochs: int = 20, train_seconds: float
     results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     with runs as scratch:
         scratch = Path(scratch)
-        base = load_config(UpConfig, DEMO_CONFIG, {**overrides, "run_dir": str(scratch / "unused")})
+        base = load_config(UpConfig, config_file, {**overrides, "run_dir": str(scratch / "unused")})
+        figures["max_new_tokens"] = base.run.max_new_tokens
+        figures["response_filler"] = base.tiny_model.response_filler
         made = prepare_assets(base, cache)
         # No periodic evaluation takes the workers' engines during the measurement; the held-out set is scored
         # after each run.
@@ -154,7 +173,7 @@ def bench_in_flight(*, prompts: int = 64, epochs: int = 20, train_seconds: float
             figures["orders"].append(list(order))
             for mode in order:
                 run_dir = scratch / f"{mode}-{repeat}"
-                config = load_config(UpConfig, DEMO_CONFIG, {
+                config = load_config(UpConfig, config_file, {
                     **overrides, "run_dir": str(run_dir), "run.weight_updates": mode,
                     "trainer.seed": repeat, "buffer.prompts.seed": repeat,
                     # The run has no eval set of its own, so the launcher leaves the evaluation's folder unset.
@@ -203,8 +222,8 @@ def register_bench(benches) -> None:
     parser.add_argument("--groups-per-step", type=int, help="groups per training step (default: the demo's)")
     parser.add_argument("--prompts-per-batch", type=int, help="prompts a worker generates together (default: the "
                         "demo's)")
-    parser.add_argument("--warm-start-steps", type=int, default=WARM_START_STEPS,
-                        help="supervised steps of the tiny model")
+    parser.add_argument("--warm-start-steps", type=int, help="supervised steps of the tiny model (default: "
+                        f"{WARM_START_STEPS}; with --episodes, the tool demo's)")
     parser.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing of its warm start")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt for pass@1")
     parser.add_argument("--repeats", type=positive(int), default=1,
@@ -212,11 +231,13 @@ def register_bench(benches) -> None:
     parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
                         help="the workers' engine (vllm: run the bench from the vLLM environment, .venv-vllm)")
     parser.add_argument("--modes", type=mode_list, default=MODES, help="comma-separated modes to run")
+    parser.add_argument("--episodes", action="store_true", help="the tool demo's multi-turn episodes in the "
+                        "calculator environment instead of the filler's single turns")
     add_run_folders(parser)
     parser.set_defaults(measure=lambda args: bench_in_flight(
         prompts=args.prompts, epochs=args.epochs, train_seconds=args.train_seconds,
         max_new_tokens=args.max_new_tokens, filler=args.filler, max_staleness=args.max_staleness,
         workers=args.workers, groups_per_step=args.groups_per_step, prompts_per_batch=args.prompts_per_batch,
         warm_start_steps=args.warm_start_steps, label_smoothing=args.label_smoothing, eval_samples=args.eval_samples,
-        repeats=args.repeats, engine=args.engine,
+        repeats=args.repeats, engine=args.engine, episodes=args.episodes,
         modes=args.modes, cache=args.cache, workdir=args.workdir))

@@ -54,3 +54,28 @@ def test_bench_in_flight_trains_every_mode_for_the_same_time_beside_between_batc
         for mine, base in zip(figures["runs"]["in_flight"], figures["runs"][BASELINE], strict=True)]
     json.dumps(figures)  # printed as JSON by the CLI
     assert not (tmp_path / "eval").exists(), "the evaluations are written into the runs' folders"
+
+
+def test_with_episodes_every_mode_plays_the_tool_demos_episodes_in_the_environment_service(tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    parser = argparse.ArgumentParser()
+    register_bench(parser.add_subparsers(dest="what"))
+    modes = (BASELINE, "between_turns")
+    args = parser.parse_args(["in-flight", "--episodes", "--prompts", str(PROMPTS), "--epochs", "200",
+                              "--groups-per-step", str(GROUPS_PER_STEP), "--warm-start-steps", "0",
+                              "--train-seconds", str(TRAIN_SECONDS), "--modes", ",".join(modes), "--eval-samples",
+                              "1", "--cache", str(tmp_path / "cache"), "--workdir", str(tmp_path / "runs")])
+    figures = args.measure(args)
+
+    assert figures["task"] == "tool-demo episodes" and figures["max_new_tokens"] == 64
+    assert 0 <= figures["held_out_pass@1_at_start"] <= 1
+    for mode in modes:
+        run_dir = tmp_path / "runs" / f"{mode}-0"
+        spec = yaml.safe_load((run_dir / "configs" / "buffer.yaml").read_text())["run_spec"]
+        assert spec["weight_updates"] == mode and spec["episodes"]["default"]["environment"] == "calculator"
+        assert (run_dir / "logs" / "environment.log").exists()
+        (run,) = figures["runs"][mode]
+        assert run["ended_by"] == "time" and run["steps"] > 0 and 0 <= run["held_out_pass@1"] <= 1
+    assert "staleness_token_mean" in figures[f"between_turns_vs_{BASELINE}"]
