@@ -66,7 +66,8 @@ def starting_pass_at_1(config: UpConfig, model: Path, held_out: Path, scratch: P
     from zerobubble.tooling.launcher.final_eval import evaluate_weights
 
     rollout = RolloutServiceConfig.model_validate({**config.rollout, "model": {"path": str(model)}})
-    write_yaml(scratch / "start" / "configs" / "environment.yaml", config.environment)
+    if config.run.episodes.enabled:
+        write_yaml(scratch / "start" / "configs" / "environment.yaml", config.environment)
     with run_environments(scratch / "start", config.run) as environment, reward_client() as client:
         if environment is not None:
             rollout = rollout.model_copy(update={"environment": environment})

@@ -198,6 +198,9 @@ class UpConfig(Schema):
                              f"{algorithm.distillation_coef:g} distils from a teacher: set teacher.model.path (a "
                              "model folder whose tokenizer is the student's), tiny_teacher (one made here), or "
                              "trainer.teacher.address for a teacher already serving")
+        if both := sorted(set(self.teachers_by_data_source) & set(self.trainer.get("teachers_by_data_source") or {})):
+            raise ValueError(f"teachers_by_data_source.{both[0]}: the run starts this source's teacher and "
+                             f"trainer.teachers_by_data_source.{both[0]} names another: keep one")
         if self.teachers_by_data_source and not algorithm.distillation_coef:
             raise ValueError("teachers_by_data_source: teachers score only a run that distils: set run.algorithm "
                              "DISTILL or trainer.algorithm.distillation_coef")

@@ -78,6 +78,10 @@ def test_each_routed_data_source_gets_a_teacher_service_of_its_own_and_the_train
       "teachers_by_data_source": {"gsm8k": {"limits": {"max_sequences": 4}}}},
      r"teachers_by_data_source\.gsm8k\.model"),
     ({"run": {"algorithm": "DISTILL"}, "teacher": {"model": {"path": "/t"}},
+      "teachers_by_data_source": {"gsm8k": {"model": {"path": "/m"}}},
+      "trainer": {"teachers_by_data_source": {"gsm8k": {"address": "elsewhere:50058"}}}},
+     r"teachers_by_data_source\.gsm8k: the run starts this source's teacher and trainer\.teachers_by_data_source"),
+    ({"run": {"algorithm": "DISTILL"}, "teacher": {"model": {"path": "/t"}},
       "teachers_by_data_source": {"a/b": {"model": {"path": "/m"}}}},
      r"teachers_by_data_source\.a/b: .* letters, digits"),
 ])
